@@ -1,0 +1,664 @@
+//! Configuration: TOML → typed structs, in three steps — `load` (read the file), `parse` (serde,
+//! unknown keys rejected), `validate` (cross-field rules, `${ENV}` expansion). `portico --check`
+//! runs exactly these steps and nothing else, so a file that passes `--check` starts.
+//!
+//! Every default is a named `DEFAULT_*` constant; every error names the offending key path
+//! (`backends[2].url`) so an operator can fix the file without reading code.
+
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const DEFAULT_SESSION_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+pub const DEFAULT_CACHE_MAX_TTL_MS: u64 = 5 * 60 * 1000;
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
+pub const DEFAULT_STALE_IF_ERROR_MS: u64 = 0;
+pub const DEFAULT_SEPARATOR: &str = "__";
+pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 3_000;
+pub const DEFAULT_MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+pub const DEFAULT_DEBOUNCE_MS: u64 = 200;
+pub const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 256;
+
+/// A configuration problem, always naming the key (or file) at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Parse(String),
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub sessions: SessionsConfig,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub endpoints: Vec<EndpointConfig>,
+}
+
+/// `[server]`: the client-facing listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address to bind, `host:port`.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// PEM certificate chain; with `tls_key`, turns on TLS (h1 + h2 by ALPN).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// Tokio worker threads; 0 = one per CPU.
+    #[serde(default)]
+    pub workers: usize,
+    /// Largest request body accepted (413 beyond).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Browser origins allowed to call portico. Empty = loopback origins only. `"*"` = any.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// How long in-flight requests may run after SIGTERM before the process exits anyway.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+    /// A connection must deliver its request headers within this time (slowloris defence).
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Largest request head accepted on HTTP/1.1.
+    #[serde(default = "default_max_header_bytes")]
+    pub max_header_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            tls_cert: None,
+            tls_key: None,
+            workers: 0,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            allowed_origins: Vec::new(),
+            drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
+            header_read_timeout_ms: DEFAULT_HEADER_READ_TIMEOUT_MS,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// One line per request (method, backend, status, duration).
+    #[serde(default = "default_true")]
+    pub access: bool,
+    /// `"text"` or `"json"` (JSON lines).
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A `tracing` filter such as `"info"` or `"portico=debug"`; `RUST_LOG` overrides it.
+    #[serde(default = "default_level")]
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            access: true,
+            format: LogFormat::Text,
+            level: default_level(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// `[sessions]`: legacy-client session ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// 32 bytes, base64 or hex; `${ENV}` expanded. Absent or empty: a random key per process.
+    pub key: Option<String>,
+    /// Lifetime of a session id.
+    #[serde(default = "default_session_ttl_ms")]
+    pub ttl_ms: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            key: None,
+            ttl_ms: DEFAULT_SESSION_TTL_MS,
+        }
+    }
+}
+
+/// `[cache]`: the shared list cache.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Upper bound on any entry's freshness, whatever the server's `ttlMs` says.
+    #[serde(default = "default_cache_max_ttl_ms")]
+    pub max_ttl_ms: u64,
+    /// Memory budget for cached bodies.
+    #[serde(default = "default_cache_max_bytes")]
+    pub max_bytes: u64,
+    /// How long past expiry an entry may be served while the backend is failing.
+    #[serde(default = "default_stale_if_error_ms")]
+    pub stale_if_error_ms: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            enabled: true,
+            max_ttl_ms: DEFAULT_CACHE_MAX_TTL_MS,
+            max_bytes: DEFAULT_CACHE_MAX_BYTES,
+            stale_if_error_ms: DEFAULT_STALE_IF_ERROR_MS,
+        }
+    }
+}
+
+/// Which revision a backend speaks.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// Probe with `server/discover` on first use.
+    #[default]
+    Auto,
+    Modern,
+    Legacy,
+}
+
+/// When the gateway reads the request body of a pass-through request.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum VerifyBody {
+    /// Only when a gateway decision depends on it.
+    #[default]
+    Auto,
+    /// Always: check the mirrored headers against the body before forwarding.
+    Always,
+}
+
+/// `cacheScope` values.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    Public,
+    #[default]
+    Private,
+}
+
+/// `[[backends]]`: one upstream MCP server, served at `/mcp/<name>`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub name: String,
+    /// Streamable HTTP endpoint (`http://` or `https://`).
+    pub url: Option<String>,
+    /// A built-in server (`"demo"`).
+    pub builtin: Option<String>,
+    /// A stdio server: program and arguments.
+    pub command: Option<Vec<String>>,
+    /// Extra environment for `command`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory for `command`.
+    pub cwd: Option<PathBuf>,
+    /// Deadline for one request, from arrival to the last byte of the answer.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Static headers sent upstream (`${ENV}` expanded). The client's own credentials never are.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub protocol: Protocol,
+    #[serde(default)]
+    pub verify_body: VerifyBody,
+    /// `ttlMs` given to results of a legacy backend (which sends none).
+    #[serde(default)]
+    pub default_ttl_ms: u64,
+    /// `cacheScope` given to results of a legacy backend.
+    #[serde(default)]
+    pub default_cache_scope: CacheScope,
+    /// Extra PEM CA bundle for an https backend (in addition to the web PKI roots).
+    pub ca_file: Option<PathBuf>,
+    /// Idle upstream connections kept per backend.
+    #[serde(default = "default_max_idle_connections")]
+    pub max_idle_connections: usize,
+    /// Longest stdout line accepted from a stdio backend.
+    #[serde(default = "default_max_line_bytes")]
+    pub max_line_bytes: usize,
+    /// How long a protocol probe waits for an answer before calling a stdio server legacy.
+    #[serde(default = "default_probe_timeout_ms")]
+    pub probe_timeout_ms: u64,
+}
+
+/// `[[endpoints]]`: several backends served as one MCP server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    pub path: String,
+    pub backends: Vec<EndpointBackend>,
+    #[serde(default = "default_separator")]
+    pub separator: String,
+    #[serde(default)]
+    pub failure_mode: FailureMode,
+    /// Window in which repeated `list_changed` notifications are folded into one.
+    #[serde(default = "default_debounce_ms")]
+    pub debounce_ms: u64,
+}
+
+/// A member of an endpoint: a backend name, or a table with options.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum EndpointBackend {
+    Name(String),
+    Detailed(EndpointBackendDetail),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointBackendDetail {
+    pub name: String,
+    /// Name prefix for this backend's tools and prompts; default: the backend name. `""` = bare.
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub tools: ToolFilter,
+}
+
+/// Glob allow/deny lists over tool names (`*` and `?`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFilter {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl EndpointBackend {
+    pub fn name(&self) -> &str {
+        match self {
+            EndpointBackend::Name(n) => n,
+            EndpointBackend::Detailed(d) => &d.name,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureMode {
+    /// Leave a failing backend out of merged lists.
+    #[default]
+    Open,
+    /// Fail the whole list when any backend fails.
+    Closed,
+}
+
+fn default_listen() -> String {
+    DEFAULT_LISTEN.to_string()
+}
+fn default_max_body_bytes() -> usize {
+    DEFAULT_MAX_BODY_BYTES
+}
+fn default_timeout_ms() -> u64 {
+    DEFAULT_TIMEOUT_MS
+}
+fn default_drain_timeout_ms() -> u64 {
+    DEFAULT_DRAIN_TIMEOUT_MS
+}
+fn default_header_read_timeout_ms() -> u64 {
+    DEFAULT_HEADER_READ_TIMEOUT_MS
+}
+fn default_max_header_bytes() -> usize {
+    DEFAULT_MAX_HEADER_BYTES
+}
+fn default_true() -> bool {
+    true
+}
+fn default_level() -> String {
+    "info".to_string()
+}
+fn default_session_ttl_ms() -> u64 {
+    DEFAULT_SESSION_TTL_MS
+}
+fn default_cache_max_ttl_ms() -> u64 {
+    DEFAULT_CACHE_MAX_TTL_MS
+}
+fn default_cache_max_bytes() -> u64 {
+    DEFAULT_CACHE_MAX_BYTES
+}
+fn default_stale_if_error_ms() -> u64 {
+    DEFAULT_STALE_IF_ERROR_MS
+}
+fn default_separator() -> String {
+    DEFAULT_SEPARATOR.to_string()
+}
+fn default_probe_timeout_ms() -> u64 {
+    DEFAULT_PROBE_TIMEOUT_MS
+}
+fn default_max_line_bytes() -> usize {
+    DEFAULT_MAX_LINE_BYTES
+}
+fn default_debounce_ms() -> u64 {
+    DEFAULT_DEBOUNCE_MS
+}
+fn default_max_idle_connections() -> usize {
+    DEFAULT_MAX_IDLE_CONNECTIONS
+}
+
+/// The built-in servers `builtin = "…"` may name.
+pub const BUILTINS: &[&str] = &["demo"];
+
+/// load → parse → validate.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let config = parse(&text)?;
+    validate(config)
+}
+
+/// TOML text → structs. Unknown keys are errors (serde names the key and the line).
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))
+}
+
+/// Cross-field rules and `${ENV}` expansion. Returns the config ready to build state from.
+pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
+    let s = &config.server;
+    s.listen
+        .parse::<SocketAddr>()
+        .map_err(|e| invalid("server.listen", format!("{e} (want host:port)")))?;
+    if s.tls_cert.is_some() != s.tls_key.is_some() {
+        return Err(invalid(
+            "server.tls_cert",
+            "tls_cert and tls_key must be given together",
+        ));
+    }
+    if s.max_body_bytes == 0 {
+        return Err(invalid("server.max_body_bytes", "must be greater than 0"));
+    }
+    if let Some(key) = &config.sessions.key {
+        // An unset variable means "no key configured": a random one is generated (with a warning).
+        config.sessions.key = expand_env(key).ok().filter(|k| !k.is_empty());
+    }
+
+    let mut names = HashSet::new();
+    for (i, b) in config.backends.iter_mut().enumerate() {
+        let key = |field: &str| format!("backends[{i}].{field}");
+        if b.name.is_empty()
+            || !b
+                .name
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        {
+            return Err(invalid(
+                key("name"),
+                format!("{:?}: use letters, digits, '-', '_' or '.'", b.name),
+            ));
+        }
+        if !names.insert(b.name.clone()) {
+            return Err(invalid(
+                key("name"),
+                format!("duplicate backend name {:?}", b.name),
+            ));
+        }
+        let kinds = [b.url.is_some(), b.builtin.is_some(), b.command.is_some()]
+            .iter()
+            .filter(|x| **x)
+            .count();
+        if kinds != 1 {
+            return Err(invalid(
+                format!("backends[{i}]"),
+                format!(
+                    "backend {:?} needs exactly one of url, builtin or command",
+                    b.name
+                ),
+            ));
+        }
+        if let Some(url) = &b.url {
+            let uri: http::Uri = url
+                .parse()
+                .map_err(|e| invalid(key("url"), format!("{url:?}: {e}")))?;
+            match uri.scheme_str() {
+                Some("http") | Some("https") => {}
+                _ => {
+                    return Err(invalid(
+                        key("url"),
+                        format!("{url:?}: want http:// or https://"),
+                    ));
+                }
+            }
+            if uri.host().is_none() {
+                return Err(invalid(key("url"), format!("{url:?}: no host")));
+            }
+        }
+        if let Some(builtin) = &b.builtin
+            && !BUILTINS.contains(&builtin.as_str())
+        {
+            return Err(invalid(
+                key("builtin"),
+                format!(
+                    "unknown builtin {builtin:?} (known: {})",
+                    BUILTINS.join(", ")
+                ),
+            ));
+        }
+        if let Some(cmd) = &b.command
+            && cmd.first().is_none_or(|c| c.is_empty())
+        {
+            return Err(invalid(key("command"), "needs a program name"));
+        }
+        if b.timeout_ms == 0 {
+            return Err(invalid(key("timeout_ms"), "must be greater than 0"));
+        }
+        for (name, value) in b.headers.iter_mut() {
+            http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| invalid(key(&format!("headers.{name}")), "not a valid header name"))?;
+            *value = expand_env(value).map_err(|var| {
+                invalid(
+                    key(&format!("headers.{name}")),
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+            http::HeaderValue::from_str(value).map_err(|_| {
+                invalid(key(&format!("headers.{name}")), "not a valid header value")
+            })?;
+        }
+        for (name, value) in b.env.iter_mut() {
+            *value = expand_env(value).map_err(|var| {
+                invalid(
+                    key(&format!("env.{name}")),
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+        }
+    }
+
+    let mut paths = HashSet::new();
+    for (i, e) in config.endpoints.iter().enumerate() {
+        let key = |field: &str| format!("endpoints[{i}].{field}");
+        if !e.path.starts_with('/') || e.path.len() < 2 || e.path.ends_with('/') {
+            return Err(invalid(
+                key("path"),
+                format!("{:?}: want a path like /mcp", e.path),
+            ));
+        }
+        if e.path.starts_with("/mcp/") && names.contains(&e.path["/mcp/".len()..]) {
+            return Err(invalid(
+                key("path"),
+                format!(
+                    "{:?} is already the path of backend {:?}",
+                    e.path,
+                    &e.path[5..]
+                ),
+            ));
+        }
+        if e.path.starts_with("/admin") || e.path.starts_with("/.well-known") {
+            return Err(invalid(key("path"), format!("{:?} is reserved", e.path)));
+        }
+        if !paths.insert(e.path.clone()) {
+            return Err(invalid(
+                key("path"),
+                format!("duplicate endpoint path {:?}", e.path),
+            ));
+        }
+        if e.backends.is_empty() {
+            return Err(invalid(key("backends"), "needs at least one backend"));
+        }
+        if e.separator.is_empty() {
+            return Err(invalid(key("separator"), "must not be empty"));
+        }
+        let mut members = HashSet::new();
+        let mut prefixes: Vec<(&str, &str)> = Vec::new();
+        for (j, m) in e.backends.iter().enumerate() {
+            if !names.contains(m.name()) {
+                return Err(invalid(
+                    format!("endpoints[{i}].backends[{j}]"),
+                    format!("no backend named {:?}", m.name()),
+                ));
+            }
+            if !members.insert(m.name()) {
+                return Err(invalid(
+                    format!("endpoints[{i}].backends[{j}]"),
+                    format!("backend {:?} listed twice", m.name()),
+                ));
+            }
+            let prefix = match m {
+                EndpointBackend::Detailed(d) => d.prefix.as_deref().unwrap_or(&d.name),
+                EndpointBackend::Name(n) => n,
+            };
+            if !prefix.is_empty() && prefix.contains(e.separator.as_str()) {
+                return Err(invalid(
+                    format!("endpoints[{i}].backends[{j}].prefix"),
+                    format!("prefix {prefix:?} contains the separator {:?}", e.separator),
+                ));
+            }
+            if let Some((other, _)) = prefixes.iter().find(|(_, p)| !p.is_empty() && *p == prefix) {
+                return Err(invalid(
+                    format!("endpoints[{i}].backends[{j}].prefix"),
+                    format!(
+                        "prefix {prefix:?} is used by both {other:?} and {:?}",
+                        m.name()
+                    ),
+                ));
+            }
+            prefixes.push((m.name(), prefix));
+        }
+    }
+    Ok(config)
+}
+
+/// Expands `${VAR}` references. `Err(var)` names the first unset variable.
+pub fn expand_env(s: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return Ok(out);
+        };
+        let var = &after[..end];
+        match std::env::var(var) {
+            Ok(v) => out.push_str(&v),
+            Err(_) => return Err(var.to_string()),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(text: &str) -> Result<Config, ConfigError> {
+        validate(parse(text)?)
+    }
+
+    #[test]
+    fn minimal_and_defaults() {
+        let c = check("[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n").unwrap();
+        assert_eq!(c.server.listen, DEFAULT_LISTEN);
+        assert_eq!(c.backends[0].timeout_ms, DEFAULT_TIMEOUT_MS);
+        assert_eq!(c.server.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let unknown = check("[server]\nlisten = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
+        assert!(unknown.to_string().contains("listen_port"), "{unknown}");
+        let dup = check(
+            "[[backends]]\nname='a'\nbuiltin='demo'\n[[backends]]\nname='a'\nbuiltin='demo'\n",
+        )
+        .unwrap_err();
+        assert!(dup.to_string().contains("backends[1].name"), "{dup}");
+        let both = check("[[backends]]\nname='a'\nbuiltin='demo'\nurl='http://x/'\n").unwrap_err();
+        assert!(both.to_string().contains("backends[0]"), "{both}");
+        let neither = check("[[backends]]\nname='a'\n").unwrap_err();
+        assert!(neither.to_string().contains("exactly one"), "{neither}");
+        let env = check(
+            "[[backends]]\nname='a'\nurl='http://x/'\nheaders={A='${PORTICO_SURELY_UNSET_VAR}'}\n",
+        )
+        .unwrap_err();
+        assert!(env.to_string().contains("backends[0].headers.A"), "{env}");
+        let ep = check(
+            "[[backends]]\nname='a'\nbuiltin='demo'\n[[endpoints]]\npath='/mcp'\nbackends=['b']\n",
+        )
+        .unwrap_err();
+        assert!(ep.to_string().contains("endpoints[0].backends[0]"), "{ep}");
+    }
+
+    #[test]
+    fn env_expansion() {
+        // SAFETY of the test: PATH is always set in a test environment.
+        let path = std::env::var("PATH").unwrap();
+        assert_eq!(expand_env("a${PATH}b").unwrap(), format!("a{path}b"));
+        assert_eq!(expand_env("no vars").unwrap(), "no vars");
+        assert_eq!(
+            expand_env("${PORTICO_SURELY_UNSET_VAR}").unwrap_err(),
+            "PORTICO_SURELY_UNSET_VAR"
+        );
+    }
+}

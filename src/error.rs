@@ -1,0 +1,208 @@
+//! `GatewayError`: every way a request can fail, who is at fault, and the HTTP status and
+//! JSON-RPC error the client gets. Only this module builds error responses, so the status/code
+//! table lives in one place (digest §4).
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::body::Body;
+use crate::protocol::{RequestId, SUPPORTED_VERSIONS, code, error_body};
+use crate::upstream::UpstreamError;
+
+/// Who caused a failure; decides 4xx vs 5xx and the metrics outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Client,
+    Backend,
+    Gateway,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("method not allowed: MCP endpoints accept POST")]
+    MethodNotAllowed,
+    #[error("Not Acceptable: Accept must admit both application/json and text/event-stream")]
+    NotAcceptable,
+    #[error("Unsupported Media Type: Content-Type must be application/json")]
+    UnsupportedMediaType,
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("could not read the request body: {0}")]
+    BodyRead(String),
+    #[error("Forbidden: origin not allowed")]
+    OriginForbidden,
+    #[error("no MCP endpoint at {path}")]
+    NoRoute { path: String },
+    #[error("Parse error: {0}")]
+    Parse(String),
+    #[error("Invalid Request: batches are not supported; send one JSON-RPC message per POST")]
+    Batch,
+    #[error("Invalid Request: {0}")]
+    InvalidRequest(String),
+    #[error("Header mismatch: {0}")]
+    HeaderMismatch(String),
+    #[error("Invalid params: {0}")]
+    InvalidParams(String),
+    #[error("Unsupported protocol version: {requested}")]
+    UnsupportedVersion { requested: String },
+    #[error("Method not found: {0}")]
+    MethodNotFound(String),
+    #[error("Bad Request: {0}")]
+    BadRequest(String),
+    #[error("Session not found")]
+    SessionNotFound,
+    #[error("backend {backend} is unreachable")]
+    BackendUnreachable { backend: String },
+    #[error("backend {backend} did not answer within {timeout_ms} ms")]
+    BackendTimeout { backend: String, timeout_ms: u64 },
+    #[error("backend {backend} failed: {detail}")]
+    BackendFailed { backend: String, detail: String },
+    #[error("backend {backend} is overloaded")]
+    Overloaded { backend: String },
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl GatewayError {
+    pub fn fault(&self) -> Fault {
+        use GatewayError::*;
+        match self {
+            BackendUnreachable { .. } | BackendTimeout { .. } | BackendFailed { .. } => {
+                Fault::Backend
+            }
+            Overloaded { .. } | Internal(_) => Fault::Gateway,
+            _ => Fault::Client,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            NotAcceptable => StatusCode::NOT_ACCEPTABLE,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            OriginForbidden => StatusCode::FORBIDDEN,
+            NoRoute { .. } | MethodNotFound(_) | SessionNotFound => StatusCode::NOT_FOUND,
+            BodyRead(_)
+            | Parse(_)
+            | Batch
+            | InvalidRequest(_)
+            | HeaderMismatch(_)
+            | InvalidParams(_)
+            | UnsupportedVersion { .. }
+            | BadRequest(_) => StatusCode::BAD_REQUEST,
+            BackendUnreachable { .. } | BackendFailed { .. } => StatusCode::BAD_GATEWAY,
+            BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> i64 {
+        use GatewayError::*;
+        match self {
+            Parse(_) => code::PARSE_ERROR,
+            HeaderMismatch(_) => code::HEADER_MISMATCH,
+            InvalidParams(_) => code::INVALID_PARAMS,
+            UnsupportedVersion { .. } => code::UNSUPPORTED_VERSION,
+            MethodNotFound(_) => code::METHOD_NOT_FOUND,
+            MethodNotAllowed
+            | NotAcceptable
+            | UnsupportedMediaType
+            | BodyTooLarge { .. }
+            | BodyRead(_)
+            | Batch
+            | InvalidRequest(_)
+            | NoRoute { .. }
+            | SessionNotFound
+            | OriginForbidden => code::INVALID_REQUEST,
+            BadRequest(_) => code::SERVER_ERROR,
+            BackendUnreachable { .. }
+            | BackendTimeout { .. }
+            | BackendFailed { .. }
+            | Overloaded { .. }
+            | Internal(_) => code::INTERNAL_ERROR,
+        }
+    }
+
+    /// A short, fixed label for metrics and logs (never client input).
+    pub fn reason(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            MethodNotAllowed => "method_not_allowed",
+            NotAcceptable => "not_acceptable",
+            UnsupportedMediaType => "unsupported_media_type",
+            BodyTooLarge { .. } => "body_too_large",
+            BodyRead(_) => "body_read",
+            OriginForbidden => "origin_forbidden",
+            NoRoute { .. } => "no_route",
+            Parse(_) => "parse_error",
+            Batch => "batch",
+            InvalidRequest(_) => "invalid_request",
+            HeaderMismatch(_) => "header_mismatch",
+            InvalidParams(_) => "invalid_params",
+            UnsupportedVersion { .. } => "unsupported_version",
+            MethodNotFound(_) => "method_not_found",
+            BadRequest(_) => "bad_request",
+            SessionNotFound => "session_not_found",
+            BackendUnreachable { .. } => "backend_unreachable",
+            BackendTimeout { .. } => "backend_timeout",
+            BackendFailed { .. } => "backend_failed",
+            Overloaded { .. } => "overloaded",
+            Internal(_) => "internal",
+        }
+    }
+
+    fn data(&self) -> Option<serde_json::Value> {
+        match self {
+            GatewayError::UnsupportedVersion { requested } => Some(serde_json::json!({
+                "supported": SUPPORTED_VERSIONS,
+                "requested": requested,
+            })),
+            _ => None,
+        }
+    }
+
+    /// The JSON-RPC error message object (for SSE streams and bridged answers).
+    pub fn to_message(&self, id: Option<&RequestId>) -> Vec<u8> {
+        error_body(id, self.code(), &self.to_string(), self.data().as_ref())
+    }
+
+    /// The full HTTP response. The only place error responses are built.
+    pub fn into_response(self, id: Option<&RequestId>) -> Response<Body> {
+        let body = self.to_message(id);
+        let mut resp = Response::new(Body::full(Bytes::from(body)));
+        *resp.status_mut() = self.status();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if matches!(self, GatewayError::MethodNotAllowed) {
+            h.insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        resp
+    }
+
+    /// Turns an upstream failure into the client-facing error, naming the backend but never the
+    /// internals (addresses, OS error text).
+    pub fn from_upstream(backend: &str, timeout_ms: u64, e: &UpstreamError) -> GatewayError {
+        match e {
+            UpstreamError::Connect(_) => GatewayError::BackendUnreachable {
+                backend: backend.to_string(),
+            },
+            UpstreamError::Timeout => GatewayError::BackendTimeout {
+                backend: backend.to_string(),
+                timeout_ms,
+            },
+            UpstreamError::Overloaded => GatewayError::Overloaded {
+                backend: backend.to_string(),
+            },
+            UpstreamError::Closed(d) | UpstreamError::Protocol(d) => GatewayError::BackendFailed {
+                backend: backend.to_string(),
+                detail: d.clone(),
+            },
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The client-facing rules of Streamable HTTP (2026-07-28, digest §4), applied header-first.
+//!
+//! `frontend` looks at a POST's headers, reads its body once through the size limit, decides
+//! which era the client speaks, and — only when a gateway decision depends on the body — parses
+//! the envelope and checks the mirrored headers against it. It does no upstream IO.
+//!
+//! Safety argument for header routing (also in README): a modern backend validates
+//! header/body agreement itself (the spec requires it to), so forwarding a request whose headers
+//! lie only lets the client fool the backend into rejecting it. Whenever *portico* acts on what
+//! the headers say — cache keys, tool policy, name rewriting, bridging — the body is parsed and
+//! every mirrored header is checked against it first, so a header can never steer a request
+//! whose body says otherwise.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::error::GatewayError;
+use crate::protocol::{
+    self, Envelope, EnvelopeError, Kind, LATEST_VERSION, accept_ok, content_type_is_json,
+    decode_header_value, header as h, is_legacy_version, name_field,
+};
+
+/// Which protocol era a request belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Era {
+    /// 2026-07-28: stateless, `_meta` on every request.
+    Modern,
+    /// initialize-era (2025-03-26 … 2025-11-25): sessions.
+    Legacy,
+}
+
+/// The MCP headers of a POST, read before the body.
+#[derive(Debug, Default)]
+pub struct Head {
+    pub version: Option<String>,
+    pub method: Option<String>,
+    /// `Mcp-Name` decoded; `Err(())` when present but not validly encoded.
+    pub name: Option<Result<String, ()>>,
+    pub session: Option<String>,
+}
+
+impl Head {
+    pub fn read(headers: &HeaderMap) -> Head {
+        let text = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|s| s.trim().to_string())
+        };
+        Head {
+            version: text(h::PROTOCOL_VERSION),
+            method: text(h::METHOD),
+            name: headers
+                .get(h::NAME)
+                .map(|v| decode_header_value(v.as_bytes()).ok_or(())),
+            session: text(h::SESSION_ID),
+        }
+    }
+}
+
+/// Headers a client may pass to a backend. Everything else — above all `Authorization` and
+/// `Cookie` (the spec forbids token pass-through), hop-by-hop headers, and the session id that
+/// portico manages itself — stays behind.
+pub fn forwardable(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    matches!(
+        n,
+        "content-type"
+            | "accept"
+            | "mcp-protocol-version"
+            | "mcp-method"
+            | "mcp-name"
+            | "traceparent"
+            | "tracestate"
+            | "baggage"
+    ) || n.starts_with(h::PARAM_PREFIX)
+}
+
+/// Content negotiation and the DNS-rebinding defence; cheap, before the body is read.
+pub fn check_post(headers: &HeaderMap, allowed_origins: &[String]) -> Result<(), GatewayError> {
+    if let Some(origin) = headers.get(header::ORIGIN)
+        && !origin_allowed(origin.as_bytes(), allowed_origins)
+    {
+        return Err(GatewayError::OriginForbidden);
+    }
+    if !content_type_is_json(headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes())) {
+        return Err(GatewayError::UnsupportedMediaType);
+    }
+    if !accept_ok(headers.get(header::ACCEPT).map(|v| v.as_bytes())) {
+        return Err(GatewayError::NotAcceptable);
+    }
+    Ok(())
+}
+
+/// `Origin` policy. An empty allow list admits loopback origins only (what a local client or
+/// the Inspector uses); `"*"` admits any; otherwise exact, case-insensitive matches.
+pub fn origin_allowed(origin: &[u8], allowed: &[String]) -> bool {
+    let Ok(origin) = std::str::from_utf8(origin) else {
+        return false;
+    };
+    if allowed.is_empty() {
+        let Some((scheme, rest)) = origin.split_once("://") else {
+            return false;
+        };
+        if scheme != "http" && scheme != "https" {
+            return false;
+        }
+        let host = if let Some(v6) = rest.strip_prefix('[') {
+            v6.split(']').next().unwrap_or("")
+        } else {
+            rest.split(':').next().unwrap_or("")
+        };
+        return matches!(host, "localhost" | "127.0.0.1" | "::1");
+    }
+    allowed
+        .iter()
+        .any(|a| a == "*" || a.eq_ignore_ascii_case(origin))
+}
+
+/// Reads the whole body, never more than `limit` bytes. A declared length over the limit is
+/// refused before reading anything.
+pub async fn read_body(
+    body: Incoming,
+    headers: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, GatewayError> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(GatewayError::BodyTooLarge { limit })
+        }
+        Err(e) => Err(GatewayError::BodyRead(e.to_string())),
+    }
+}
+
+/// Decides the era of a request from its headers, peeking at the body only when the headers
+/// cannot tell (no version header).
+pub fn era(head: &Head, body: &[u8]) -> Result<Era, GatewayError> {
+    if head.session.is_some() {
+        return Ok(Era::Legacy);
+    }
+    match head.version.as_deref() {
+        Some(LATEST_VERSION) => Ok(Era::Modern),
+        Some(v) if is_legacy_version(v) => Ok(Era::Legacy),
+        Some(_) => Ok(Era::Modern),
+        None => {
+            // Only an initialize-era client may omit the header, and it must start with
+            // `initialize` (a 2025-03-26 client sends no header at all).
+            match protocol::parse_envelope(body) {
+                Ok(env) if env.method == "initialize" => Ok(Era::Legacy),
+                Ok(env) if env.kind == Kind::Notification => Ok(Era::Modern),
+                _ => Err(GatewayError::HeaderMismatch(
+                    "missing MCP-Protocol-Version header".into(),
+                )),
+            }
+        }
+    }
+}
+
+/// What a modern request's headers alone establish.
+pub struct ModernHead {
+    /// `Mcp-Method`; `None` only for a notification without one.
+    pub method: Option<String>,
+    pub name: Option<String>,
+    /// The version header is not one portico serves: answer `-32022` or `-32020` after a body read.
+    pub unknown_version: bool,
+}
+
+/// Header rules of a modern request that need no body. A request whose headers are incomplete
+/// is only refused once the body shows it is a request (notifications have no header rules).
+pub fn check_modern_head(head: &Head) -> Result<ModernHead, GatewayError> {
+    let unknown_version = head.version.as_deref() != Some(LATEST_VERSION);
+    let name = match &head.name {
+        Some(Ok(n)) => Some(n.clone()),
+        Some(Err(())) => {
+            return Err(GatewayError::HeaderMismatch(
+                "Mcp-Name is not a valid header value".into(),
+            ));
+        }
+        None => None,
+    };
+    if let Some(m) = &head.method
+        && name_field(m).is_some()
+        && name.is_none()
+    {
+        return Err(GatewayError::HeaderMismatch(format!(
+            "Mcp-Name header is required for {m}"
+        )));
+    }
+    Ok(ModernHead {
+        method: head.method.clone(),
+        name,
+        unknown_version,
+    })
+}
+
+/// Maps an envelope parse failure to the client-facing error.
+pub fn envelope_error(e: EnvelopeError) -> GatewayError {
+    match e {
+        EnvelopeError::Parse(d) => GatewayError::Parse(d),
+        EnvelopeError::Batch => GatewayError::Batch,
+        EnvelopeError::Invalid(d, _) => GatewayError::InvalidRequest(d),
+    }
+}
+
+/// The body check: every mirrored header must agree with the body, and the body must carry the
+/// `_meta` keys 2026-07-28 requires.
+pub fn verify_modern(head: &Head, mh: &ModernHead, env: &Envelope) -> Result<(), GatewayError> {
+    match env.kind {
+        Kind::Response => {
+            return Err(GatewayError::InvalidRequest(
+                "clients do not send responses in 2026-07-28".into(),
+            ));
+        }
+        Kind::Notification => {
+            if let Some(m) = &mh.method
+                && *m != env.method
+            {
+                return Err(GatewayError::HeaderMismatch(format!(
+                    "Mcp-Method {m:?} does not match body method {:?}",
+                    env.method
+                )));
+            }
+            return Ok(());
+        }
+        Kind::Request => {}
+    }
+    let Some(m) = &mh.method else {
+        return Err(GatewayError::HeaderMismatch(
+            "missing Mcp-Method header".into(),
+        ));
+    };
+    if *m != env.method {
+        return Err(GatewayError::HeaderMismatch(format!(
+            "Mcp-Method {m:?} does not match body method {:?}",
+            env.method
+        )));
+    }
+    if name_field(&env.method).is_some() && mh.name != env.name {
+        return Err(GatewayError::HeaderMismatch(format!(
+            "Mcp-Name {:?} does not match the body ({:?})",
+            mh.name.as_deref().unwrap_or(""),
+            env.name.as_deref().unwrap_or("")
+        )));
+    }
+    let Some(v) = &env.protocol_version else {
+        return Err(GatewayError::InvalidParams(
+            "params._meta must carry io.modelcontextprotocol/protocolVersion".into(),
+        ));
+    };
+    if env.client_capabilities.is_none() {
+        return Err(GatewayError::InvalidParams(
+            "params._meta must carry io.modelcontextprotocol/clientCapabilities".into(),
+        ));
+    }
+    if head.version.as_deref() != Some(v.as_str()) {
+        return Err(GatewayError::HeaderMismatch(format!(
+            "MCP-Protocol-Version {:?} does not match _meta protocolVersion {v:?}",
+            head.version.as_deref().unwrap_or("")
+        )));
+    }
+    if mh.unknown_version {
+        return Err(GatewayError::UnsupportedVersion {
+            requested: v.clone(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins() {
+        assert!(origin_allowed(b"http://localhost:6274", &[]));
+        assert!(origin_allowed(b"http://127.0.0.1", &[]));
+        assert!(origin_allowed(b"http://[::1]:80", &[]));
+        assert!(!origin_allowed(b"https://evil.example", &[]));
+        assert!(!origin_allowed(b"null", &[]));
+        let list = vec!["https://app.example".to_string()];
+        assert!(origin_allowed(b"https://APP.example", &list));
+        assert!(!origin_allowed(b"http://localhost", &list));
+        assert!(origin_allowed(b"anything", &["*".to_string()]));
+    }
+
+    #[test]
+    fn forwarding_allowlist() {
+        for ok in [
+            "mcp-method",
+            "mcp-param-region",
+            "traceparent",
+            "content-type",
+        ] {
+            assert!(forwardable(&HeaderName::from_static(ok)), "{ok}");
+        }
+        for no in [
+            "authorization",
+            "cookie",
+            "connection",
+            "host",
+            "mcp-session-id",
+            "te",
+        ] {
+            assert!(!forwardable(&HeaderName::from_static(no)), "{no}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! portico: an MCP gateway. Clients reach one Streamable HTTP address; portico routes each
+//! JSON-RPC message to the right backend, bridges protocol revisions, caches list results and
+//! exports Prometheus metrics.
+//!
+//! Crate map (read in this order):
+//! - [`config`]: TOML → validated `Config` (load → parse → validate).
+//! - [`server`]: listener, TLS, hyper, graceful shutdown.
+//! - [`proxy`]: the request pipeline — every phase in order, one exit.
+//! - [`frontend`]: client-facing Streamable HTTP rules, header-first.
+//! - [`protocol`]: MCP/JSON-RPC vocabulary and the cheap envelope parser (pure).
+//! - [`router`]: path → backend, per-backend state.
+//! - [`upstream`]: how backends are reached (HTTP pool, stdio child, built-in).
+//! - [`demo`]: the built-in demo backend.
+//! - [`error`]: `GatewayError`, the only builder of error responses.
+//! - [`metrics`]: Prometheus registry; the only place metric names live.
+//! - [`body`], [`sse`]: response body type; SSE decoding.
+
+#![forbid(unsafe_code)]
+
+pub mod body;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod frontend;
+pub mod metrics;
+pub mod protocol;
+pub mod proxy;
+pub mod router;
+pub mod server;
+pub mod sse;
+pub mod upstream;
+
+use arc_swap::ArcSwap;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+use config::Config;
+use metrics::Metrics;
+use router::RouteTable;
+
+/// Everything a request needs, built from one config generation. Immutable; a reload builds a
+/// new one through the same `State::build` and swaps it in.
+pub struct State {
+    pub config: Config,
+    pub routes: RouteTable,
+    /// Outlives config generations, so counters survive reloads.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Build(#[from] router::BuildError),
+    #[error("{0}")]
+    Tls(String),
+}
+
+impl State {
+    pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<State, StartError> {
+        let routes = RouteTable::build(&config)?;
+        Ok(State {
+            config,
+            routes,
+            metrics,
+        })
+    }
+
+    /// The pipeline's single exit: metrics and the access log line.
+    pub fn observe(&self, ctx: &proxy::RequestCtx) {
+        self.metrics.record(ctx);
+        if self.config.log.access {
+            tracing::info!(
+                target: "portico::access",
+                method = ctx.method.as_deref().map(protocol::method_label).unwrap_or("-"),
+                backend = ctx.route.as_deref().unwrap_or("-"),
+                status = ctx.status,
+                duration_us = ctx.elapsed().as_micros() as u64,
+                passthrough = ctx.passthrough,
+                error = ctx.error.unwrap_or(""),
+            );
+        }
+    }
+}
+
+/// Runs the gateway on `listener` until `shutdown` resolves, then drains and returns.
+/// `main` and the tests both call this.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let metrics = Arc::new(Metrics::new());
+    let tls = server::tls_acceptor(&config.server).map_err(StartError::Tls)?;
+    let state = State::build(config, metrics)?;
+    let shared = Arc::new(ArcSwap::from_pointee(state));
+    server::serve(shared, listener, tls, shutdown).await;
+    Ok(())
+}

@@ -1,0 +1,623 @@
+//! MCP and JSON-RPC vocabulary: header names, versions, error codes, request ids, and the cheap
+//! "envelope" view of a message that the gateway uses to route and check requests.
+//!
+//! Pure: no IO, no clock, no globals. Everything here is safe to call on hostile input — parsers
+//! return errors, never panic — which is why the fuzz targets start here.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+/// The revision portico speaks natively (and asks modern backends for).
+pub const LATEST_VERSION: &str = "2026-07-28";
+/// Initialize-era revisions portico can serve to legacy clients and speak to legacy backends,
+/// newest first (the order `initialize` offers them in).
+pub const LEGACY_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
+/// What `server/discover` advertises: portico serves both eras on every endpoint.
+pub const SUPPORTED_VERSIONS: [&str; 4] =
+    [LATEST_VERSION, "2025-11-25", "2025-06-18", "2025-03-26"];
+
+/// Reserved `_meta` keys (exact spelling from the 2026-07-28 schema).
+pub mod meta {
+    pub const PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+    pub const CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+    pub const CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+    pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+    pub const LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+    pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+}
+
+/// HTTP header names, lower-case as `http` wants them.
+pub mod header {
+    pub const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+    pub const METHOD: &str = "mcp-method";
+    pub const NAME: &str = "mcp-name";
+    pub const SESSION_ID: &str = "mcp-session-id";
+    pub const PARAM_PREFIX: &str = "mcp-param-";
+}
+
+/// JSON-RPC and MCP error codes.
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// Legacy (2025) resource-not-found; modern servers use `INVALID_PARAMS` with `data.uri`.
+    pub const LEGACY_RESOURCE_NOT_FOUND: i64 = -32002;
+    pub const HEADER_MISMATCH: i64 = -32020;
+    pub const MISSING_CAPABILITY: i64 = -32021;
+    pub const UNSUPPORTED_VERSION: i64 = -32022;
+    /// Implementation-defined server error; what the SDKs use for transport-level refusals.
+    pub const SERVER_ERROR: i64 = -32000;
+}
+
+/// The methods portico knows by name. Anything else is `"other"` in metrics, so a client can
+/// never mint label values.
+pub const KNOWN_METHODS: &[&str] = &[
+    "server/discover",
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "completion/complete",
+    "subscriptions/listen",
+    "initialize",
+    "ping",
+    "logging/setLevel",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "notifications/initialized",
+    "notifications/cancelled",
+    "tasks/get",
+    "tasks/update",
+    "tasks/cancel",
+];
+
+/// The metric label for a method name: itself when known, else `"other"`.
+pub fn method_label(method: &str) -> &'static str {
+    KNOWN_METHODS
+        .iter()
+        .find(|m| **m == method)
+        .copied()
+        .unwrap_or("other")
+}
+
+/// Methods whose `Mcp-Name` header mirrors a body field, and which field.
+pub fn name_field(method: &str) -> Option<&'static str> {
+    match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
+        _ => None,
+    }
+}
+
+/// Methods whose `complete` results carry `ttlMs`/`cacheScope` (digest §2).
+pub fn is_cacheable_method(method: &str) -> bool {
+    matches!(
+        method,
+        "server/discover"
+            | "tools/list"
+            | "prompts/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+    )
+}
+
+/// Whether `v` is an initialize-era revision portico can speak.
+pub fn is_legacy_version(v: &str) -> bool {
+    LEGACY_VERSIONS.contains(&v) || v == "2024-11-05"
+}
+
+/// HTTP status for a JSON-RPC error code that portico itself synthesises or bridges (the spec
+/// fixes only some of these; digest §4 and §8 item 9).
+pub fn status_for_code(code: i64) -> u16 {
+    match code {
+        code::PARSE_ERROR | code::INVALID_REQUEST | code::INVALID_PARAMS => 400,
+        code::UNSUPPORTED_VERSION..=code::HEADER_MISMATCH => 400,
+        code::METHOD_NOT_FOUND => 404,
+        _ => 200,
+    }
+}
+
+// === JSON-RPC request ids ===
+
+/// A JSON-RPC request id: a string or an integer (MCP forbids `null`). Kept as the exact JSON
+/// text so an error or a spliced cache hit echoes it byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId(Box<str>);
+
+impl RequestId {
+    /// Validates raw JSON as an MCP id: a string, or an integer number.
+    pub fn from_raw(raw: &RawValue) -> Option<RequestId> {
+        let text = raw.get();
+        let valid = match text.as_bytes().first() {
+            Some(b'"') => true,
+            Some(b'-' | b'0'..=b'9') => !text.contains(['.', 'e', 'E']),
+            _ => false,
+        };
+        valid.then(|| RequestId(text.into()))
+    }
+
+    /// An id portico mints itself (for upstream requests it originates).
+    pub fn number(n: u64) -> RequestId {
+        RequestId(n.to_string().into())
+    }
+
+    /// The id as JSON text.
+    pub fn json(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as a JSON value (for building messages with serde_json).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The id from a JSON value, when it is a valid MCP id.
+    pub fn from_value(v: &serde_json::Value) -> Option<RequestId> {
+        match v {
+            serde_json::Value::String(_) => Some(RequestId(v.to_string().into())),
+            serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => {
+                Some(RequestId(n.to_string().into()))
+            }
+            _ => None,
+        }
+    }
+}
+
+// === Envelope: the cheap view of a message ===
+
+/// What kind of JSON-RPC message a body holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Request,
+    Notification,
+    /// A result or error (clients send these only in the legacy era, answering server requests).
+    Response,
+}
+
+/// The parts of one JSON-RPC message that routing, header checks and cache keys need, read
+/// without building a `serde_json::Value` of the whole body. Params stay raw.
+#[derive(Debug)]
+pub struct Envelope {
+    pub kind: Kind,
+    pub id: Option<RequestId>,
+    pub method: String,
+    /// `params.name` / `params.uri` / `params.taskId`, whichever `Mcp-Name` mirrors for this method.
+    pub name: Option<String>,
+    /// `params.cursor` as raw JSON, for list cache keys.
+    pub cursor: Option<String>,
+    /// `params._meta[protocolVersion]`.
+    pub protocol_version: Option<String>,
+    /// `params._meta[clientCapabilities]` as raw JSON.
+    pub client_capabilities: Option<String>,
+    /// `params._meta` was present at all.
+    pub has_meta: bool,
+    /// `params._meta.progressToken` is present.
+    pub has_progress_token: bool,
+    /// An MRTR retry (`inputResponses` or `requestState` present): never cached.
+    pub is_retry: bool,
+    /// For `initialize`: the revision the client asked for.
+    pub init_version: Option<String>,
+}
+
+/// Why a body is not a single well-formed JSON-RPC message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvelopeError {
+    /// Not JSON at all (`-32700`).
+    Parse(String),
+    /// A JSON array: batches were removed in 2025-06-18.
+    Batch,
+    /// JSON, but not a valid JSON-RPC message (`-32600`). Carries the id when one was readable.
+    Invalid(String, Option<RequestId>),
+}
+
+#[derive(Deserialize)]
+struct RawMessage<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<Cow<'a, str>>,
+    /// `Some("null")` when the id is present but null (serde would fold that into `None`).
+    #[serde(default, borrow, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    params: Option<&'a RawValue>,
+    #[serde(borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct RawParams<'a> {
+    #[serde(borrow)]
+    name: Option<&'a RawValue>,
+    #[serde(borrow)]
+    uri: Option<&'a RawValue>,
+    #[serde(borrow, rename = "taskId")]
+    task_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    cursor: Option<&'a RawValue>,
+    #[serde(borrow, rename = "_meta")]
+    meta: Option<&'a RawValue>,
+    #[serde(borrow, rename = "inputResponses")]
+    input_responses: Option<&'a RawValue>,
+    #[serde(borrow, rename = "requestState")]
+    request_state: Option<&'a RawValue>,
+    #[serde(borrow, rename = "protocolVersion")]
+    protocol_version: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawMeta<'a> {
+    #[serde(borrow, rename = "io.modelcontextprotocol/protocolVersion")]
+    protocol_version: Option<&'a RawValue>,
+    #[serde(borrow, rename = "io.modelcontextprotocol/clientCapabilities")]
+    client_capabilities: Option<&'a RawValue>,
+    #[serde(borrow, rename = "progressToken")]
+    progress_token: Option<&'a RawValue>,
+}
+
+/// First non-whitespace byte of a body; the cheapest batch and garbage detector.
+pub fn first_byte(body: &[u8]) -> Option<u8> {
+    body.iter().copied().find(|b| !b.is_ascii_whitespace())
+}
+
+/// Reads the envelope of one JSON-RPC message.
+pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
+    match first_byte(body) {
+        Some(b'[') => {
+            // Still must be JSON to be called a batch; otherwise it is a parse error.
+            return match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => Err(EnvelopeError::Batch),
+                Err(e) => Err(EnvelopeError::Parse(e.to_string())),
+            };
+        }
+        Some(b'{') => {}
+        None => return Err(EnvelopeError::Parse("empty body".into())),
+        Some(_) => {
+            return match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => Err(EnvelopeError::Invalid(
+                    "a JSON-RPC message must be a JSON object".into(),
+                    None,
+                )),
+                Err(e) => Err(EnvelopeError::Parse(e.to_string())),
+            };
+        }
+    }
+    let msg: RawMessage = match serde_json::from_slice(body) {
+        Ok(m) => m,
+        Err(e) if e.is_syntax() || e.is_eof() => return Err(EnvelopeError::Parse(e.to_string())),
+        Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
+    };
+    let id = match msg.id {
+        None => None,
+        Some(raw) => match RequestId::from_raw(raw) {
+            Some(id) => Some(id),
+            None => {
+                return Err(EnvelopeError::Invalid(
+                    "id must be a string or an integer".into(),
+                    None,
+                ));
+            }
+        },
+    };
+    let invalid = |m: &str| EnvelopeError::Invalid(m.to_string(), id.clone());
+    if msg.jsonrpc.as_deref() != Some("2.0") {
+        return Err(invalid("jsonrpc must be \"2.0\""));
+    }
+    let Some(method) = msg.method else {
+        if msg.result.is_some() || msg.error.is_some() {
+            if id.is_none() {
+                return Err(invalid("a response needs an id"));
+            }
+            return Ok(Envelope::response(id));
+        }
+        return Err(invalid("missing method"));
+    };
+    let kind = if id.is_some() {
+        Kind::Request
+    } else {
+        Kind::Notification
+    };
+    let mut env = Envelope {
+        kind,
+        id,
+        method: method.into_owned(),
+        name: None,
+        cursor: None,
+        protocol_version: None,
+        client_capabilities: None,
+        has_meta: false,
+        has_progress_token: false,
+        is_retry: false,
+        init_version: None,
+    };
+    let Some(params) = msg.params else {
+        return Ok(env);
+    };
+    if first_byte(params.get().as_bytes()) != Some(b'{') {
+        if params.get() == "null" {
+            return Ok(env);
+        }
+        return Err(EnvelopeError::Invalid(
+            "params must be an object".into(),
+            env.id,
+        ));
+    }
+    let p: RawParams = serde_json::from_str(params.get())
+        .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
+    if let Some(field) = name_field(&env.method) {
+        let raw = match field {
+            "name" => p.name,
+            "uri" => p.uri,
+            _ => p.task_id,
+        };
+        env.name = raw.and_then(json_string);
+    }
+    env.cursor = p.cursor.map(|c| c.get().to_string());
+    env.is_retry = p.input_responses.is_some() || p.request_state.is_some();
+    if env.method == "initialize" {
+        env.init_version = p.protocol_version.and_then(json_string);
+    }
+    if let Some(meta) = p.meta {
+        if first_byte(meta.get().as_bytes()) == Some(b'{') {
+            env.has_meta = true;
+            let m: RawMeta = serde_json::from_str(meta.get())
+                .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
+            env.protocol_version = m.protocol_version.and_then(json_string);
+            env.client_capabilities = m
+                .client_capabilities
+                .filter(|c| first_byte(c.get().as_bytes()) == Some(b'{'))
+                .map(|c| c.get().to_string());
+            env.has_progress_token = m.progress_token.is_some_and(|t| t.get() != "null");
+        }
+    }
+    Ok(env)
+}
+
+impl Envelope {
+    fn response(id: Option<RequestId>) -> Envelope {
+        Envelope {
+            kind: Kind::Response,
+            id,
+            method: String::new(),
+            name: None,
+            cursor: None,
+            protocol_version: None,
+            client_capabilities: None,
+            has_meta: false,
+            has_progress_token: false,
+            is_retry: false,
+            init_version: None,
+        }
+    }
+}
+
+fn json_string(raw: &RawValue) -> Option<String> {
+    serde_json::from_str::<String>(raw.get()).ok()
+}
+
+/// Reads just the id of a message, for echoing it in an error built after the fact.
+pub fn sniff_id(body: &[u8]) -> Option<RequestId> {
+    #[derive(Deserialize)]
+    struct IdOnly<'a> {
+        #[serde(borrow)]
+        id: Option<&'a RawValue>,
+    }
+    if first_byte(body) != Some(b'{') {
+        return None;
+    }
+    let m: IdOnly = serde_json::from_slice(body).ok()?;
+    m.id.and_then(RequestId::from_raw)
+}
+
+// === Header values ===
+
+/// Decodes an `Mcp-Name` / `Mcp-Param-*` header value: plain visible ASCII, or the
+/// `=?base64?…?=` form for anything else (digest §4). `None` when the value is invalid.
+pub fn decode_header_value(raw: &[u8]) -> Option<String> {
+    use base64::Engine;
+    if let Some(inner) = raw
+        .strip_prefix(b"=?base64?")
+        .and_then(|r| r.strip_suffix(b"?="))
+    {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(inner)
+            .ok()?;
+        return String::from_utf8(bytes).ok();
+    }
+    let valid = !raw.is_empty()
+        && raw.iter().all(|b| (0x20..0x7f).contains(b))
+        && raw.first() != Some(&b' ')
+        && raw.last() != Some(&b' ');
+    if !valid {
+        return None;
+    }
+    String::from_utf8(raw.to_vec()).ok()
+}
+
+/// Encodes a value for an `Mcp-Name` header, using the base64 form when plain ASCII won't do.
+pub fn encode_header_value(value: &str) -> String {
+    use base64::Engine;
+    let plain = !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| (0x21..0x7f).contains(&b) || b == b' ')
+        && !value.starts_with(' ')
+        && !value.ends_with(' ')
+        && !value.starts_with("=?base64?");
+    if plain {
+        value.to_string()
+    } else {
+        format!(
+            "=?base64?{}?=",
+            base64::engine::general_purpose::STANDARD.encode(value.as_bytes())
+        )
+    }
+}
+
+/// Whether an `Accept` header admits both JSON and SSE (an absent header admits anything).
+pub fn accept_ok(accept: Option<&[u8]>) -> bool {
+    let Some(accept) = accept else { return true };
+    let Ok(accept) = std::str::from_utf8(accept) else {
+        return false;
+    };
+    let (mut json, mut sse) = (false, false);
+    for range in accept.split(',') {
+        let media = range.split(';').next().unwrap_or("").trim();
+        let media = media.to_ascii_lowercase();
+        match media.as_str() {
+            "*/*" => {
+                json = true;
+                sse = true;
+            }
+            "application/*" | "application/json" => json = true,
+            "text/*" | "text/event-stream" => sse = true,
+            _ => {}
+        }
+    }
+    json && sse
+}
+
+/// Whether a `Content-Type` header says JSON.
+pub fn content_type_is_json(ct: Option<&[u8]>) -> bool {
+    let Some(ct) = ct else { return false };
+    let media = ct.split(|b| *b == b';').next().unwrap_or(b"");
+    media.trim_ascii().eq_ignore_ascii_case(b"application/json")
+}
+
+// === Building messages ===
+
+/// Serialises a JSON-RPC error response. `id` is echoed when known (it may be left out only when
+/// the request id could not be read).
+pub fn error_body(
+    id: Option<&RequestId>,
+    code: i64,
+    message: &str,
+    data: Option<&serde_json::Value>,
+) -> Vec<u8> {
+    let mut err = serde_json::json!({ "code": code, "message": message });
+    if let Some(d) = data {
+        err["data"] = d.clone();
+    }
+    let mut msg = serde_json::json!({ "jsonrpc": "2.0", "error": err });
+    if let Some(id) = id {
+        msg["id"] = id.to_value();
+    }
+    serde_json::to_vec(&msg).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(s: &str) -> Result<Envelope, EnvelopeError> {
+        parse_envelope(s.as_bytes())
+    }
+
+    #[test]
+    fn envelope_reads_routing_fields() {
+        let e = env(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_weather","arguments":{"x":1},
+            "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"progressToken":"p"}}}"#).unwrap();
+        assert_eq!(e.kind, Kind::Request);
+        assert_eq!(e.id.as_ref().unwrap().json(), "7");
+        assert_eq!(e.method, "tools/call");
+        assert_eq!(e.name.as_deref(), Some("get_weather"));
+        assert_eq!(e.protocol_version.as_deref(), Some("2026-07-28"));
+        assert_eq!(e.client_capabilities.as_deref(), Some("{}"));
+        assert!(e.has_progress_token && e.has_meta && !e.is_retry);
+    }
+
+    #[test]
+    fn envelope_rejects_what_it_must() {
+        assert_eq!(env("[1,2]").unwrap_err(), EnvelopeError::Batch);
+        assert!(matches!(env("{nope").unwrap_err(), EnvelopeError::Parse(_)));
+        assert!(matches!(env("").unwrap_err(), EnvelopeError::Parse(_)));
+        assert!(matches!(env("[1,").unwrap_err(), EnvelopeError::Parse(_)));
+        assert!(matches!(env("42").unwrap_err(), EnvelopeError::Invalid(..)));
+        assert!(matches!(
+            env(r#"{"jsonrpc":"1.0","id":1,"method":"x"}"#).unwrap_err(),
+            EnvelopeError::Invalid(_, Some(_))
+        ));
+        assert!(matches!(
+            env(r#"{"jsonrpc":"2.0","id":null,"method":"x"}"#).unwrap_err(),
+            EnvelopeError::Invalid(_, None)
+        ));
+        assert!(matches!(
+            env(r#"{"jsonrpc":"2.0","id":1.5,"method":"x"}"#).unwrap_err(),
+            EnvelopeError::Invalid(..)
+        ));
+        assert!(matches!(
+            env(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#).unwrap_err(),
+            EnvelopeError::Invalid(..)
+        ));
+    }
+
+    #[test]
+    fn envelope_kinds() {
+        assert_eq!(
+            env(r#"{"jsonrpc":"2.0","method":"notifications/x"}"#)
+                .unwrap()
+                .kind,
+            Kind::Notification
+        );
+        assert_eq!(
+            env(r#"{"jsonrpc":"2.0","id":"a","result":{}}"#)
+                .unwrap()
+                .kind,
+            Kind::Response
+        );
+        let retry = env(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","requestState":"s"}}"#).unwrap();
+        assert!(retry.is_retry);
+    }
+
+    #[test]
+    fn header_values_decode() {
+        assert_eq!(
+            decode_header_value(b"get_weather").as_deref(),
+            Some("get_weather")
+        );
+        assert_eq!(
+            decode_header_value(b"=?base64?w6lsw6lwaGFudA==?=").as_deref(),
+            Some("éléphant")
+        );
+        assert_eq!(decode_header_value(b" lead"), None);
+        assert_eq!(decode_header_value(b"=?base64?***?="), None);
+        for v in ["plain", "with space", " lead", "éléphant", "=?base64?x?="] {
+            assert_eq!(
+                decode_header_value(encode_header_value(v).as_bytes()).as_deref(),
+                Some(v)
+            );
+        }
+    }
+
+    #[test]
+    fn accept_rules() {
+        assert!(accept_ok(None));
+        assert!(accept_ok(Some(b"application/json, text/event-stream")));
+        assert!(accept_ok(Some(b"*/*")));
+        assert!(accept_ok(Some(b"application/json;q=0.9, text/*")));
+        assert!(!accept_ok(Some(b"application/json")));
+        assert!(!accept_ok(Some(b"text/event-stream")));
+    }
+
+    #[test]
+    fn ids() {
+        let raw: Box<RawValue> = serde_json::from_str("\"abc\"").unwrap();
+        assert_eq!(RequestId::from_raw(&raw).unwrap().json(), "\"abc\"");
+        assert_eq!(sniff_id(br#"{"id":12,"x":[1]}"#).unwrap().json(), "12");
+        assert_eq!(sniff_id(b"{bad"), None);
+    }
+}

@@ -1,0 +1,330 @@
+//! The request pipeline. `handle` runs every phase in a fixed order and has one exit, where
+//! metrics and the access log record what happened:
+//!
+//! 1. route: path → backend or endpoint (`router`)
+//! 2. front-end rules: method, origin, content type, accept, body limit (`frontend`)
+//! 3. era: modern or initialize-era client (`frontend::era`)
+//! 4. header checks; body check only when a decision depends on the body
+//! 5. dispatch: one `match` on the method → pass-through, cache, bridge, or local answer
+//! 6. render: relay bytes, or turn decoded messages into JSON / SSE
+//! 7. exit: metrics + one log line
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use std::sync::Arc;
+use std::time::Instant as StdInstant;
+use tokio::time::Instant;
+
+use crate::State;
+use crate::body::{Body, sse_event};
+use crate::error::GatewayError;
+use crate::frontend::{self, Era, Head, ModernHead};
+use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, first_byte, header as h};
+use crate::router::{Backend, Route, Verdict};
+use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, http::is_event_stream};
+
+/// Everything known about one request, filled in as it moves through the phases and read once
+/// at the exit by metrics and the access log.
+pub struct RequestCtx {
+    start: StdInstant,
+    /// Backend or endpoint name serving the request.
+    pub route: Option<Arc<str>>,
+    /// The MCP method (from the header or the body).
+    pub method: Option<String>,
+    /// The JSON-RPC id, once read.
+    pub id: Option<RequestId>,
+    /// The request body, kept (a cheap `Bytes` clone) so an error can echo the id lazily.
+    pub body: Bytes,
+    pub era: Option<Era>,
+    /// Whether the body went upstream untouched.
+    pub passthrough: bool,
+    /// Failure reason label, if any.
+    pub error: Option<&'static str>,
+    pub status: u16,
+}
+
+impl RequestCtx {
+    fn new() -> RequestCtx {
+        RequestCtx {
+            start: StdInstant::now(),
+            route: None,
+            method: None,
+            id: None,
+            body: Bytes::new(),
+            era: None,
+            passthrough: false,
+            error: None,
+            status: 0,
+        }
+    }
+
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.start.elapsed()
+    }
+
+    fn error_id(&self) -> Option<RequestId> {
+        self.id.clone().or_else(|| protocol::sniff_id(&self.body))
+    }
+}
+
+/// Entry point for every HTTP request on the client listener.
+pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let mut ctx = RequestCtx::new();
+    let resp = match handle_inner(&state, &mut ctx, req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            ctx.error = Some(e.reason());
+            let id = ctx.error_id();
+            e.into_response(id.as_ref())
+        }
+    };
+    ctx.status = resp.status().as_u16();
+    state.observe(&ctx);
+    resp
+}
+
+async fn handle_inner(
+    state: &State,
+    ctx: &mut RequestCtx,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, GatewayError> {
+    let (parts, body) = req.into_parts();
+    // 1. route
+    let route = state
+        .routes
+        .routes
+        .get(parts.uri.path())
+        .ok_or_else(|| GatewayError::NoRoute {
+            path: parts.uri.path().to_string(),
+        })?;
+    let backend = match route {
+        Route::Backend(b) => b,
+    };
+    ctx.route = Some(backend.name.clone());
+    // 2. front-end rules
+    if parts.method != Method::POST {
+        return Err(GatewayError::MethodNotAllowed);
+    }
+    frontend::check_post(&parts.headers, &state.config.server.allowed_origins)?;
+    let body =
+        frontend::read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    ctx.body = body.clone();
+    // 3. era
+    let head = Head::read(&parts.headers);
+    let era = frontend::era(&head, &body)?;
+    ctx.era = Some(era);
+    match era {
+        Era::Modern => modern(state, ctx, backend, &parts.headers, head, body).await,
+        Era::Legacy => Err(GatewayError::BadRequest(
+            "initialize-era clients are not served on this endpoint yet".into(),
+        )),
+    }
+}
+
+/// A 2026-07-28 request to one backend.
+async fn modern(
+    state: &State,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    headers: &http::HeaderMap,
+    head: Head,
+    body: Bytes,
+) -> Result<Response<Body>, GatewayError> {
+    // 4. header checks
+    let mh = frontend::check_modern_head(&head)?;
+    ctx.method = mh.method.clone();
+    let deadline = Instant::now() + backend.timeout;
+    if let Upstream::Http(up) = &backend.upstream
+        && can_pass_through(state, backend, &mh)
+    {
+        // Cheap checks that need no parse: one object per POST.
+        match first_byte(&body) {
+            Some(b'{') => {}
+            Some(b'[') => return Err(GatewayError::Batch),
+            _ => return Err(GatewayError::Parse("body is not a JSON object".into())),
+        }
+        ctx.passthrough = true;
+        let req = up.request(headers, &[], body.clone());
+        let ex = up
+            .exchange(req, deadline)
+            .await
+            .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
+        let (parts, relay) = up.relay(ex, deadline, body);
+        return Ok(relay_response(parts, Body::Relay(relay)));
+    }
+    let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
+    ctx.id = env.id.clone();
+    if ctx.method.is_none() {
+        ctx.method = Some(env.method.clone());
+    }
+    frontend::verify_modern(&head, &mh, &env)?;
+    dispatch(state, ctx, backend, headers, env, body, deadline).await
+}
+
+/// Pass-through is allowed when nothing portico does depends on the body: a backend known (or
+/// configured) to speak 2026-07-28 validates the headers itself.
+fn can_pass_through(_state: &State, backend: &Backend, mh: &ModernHead) -> bool {
+    !mh.unknown_version
+        && mh.method.is_some()
+        && backend.cfg.verify_body == crate::config::VerifyBody::Auto
+        // Until the legacy bridge probes backends, `auto` HTTP backends are assumed modern.
+        && backend.verdict() != Verdict::Legacy
+}
+
+/// 5. dispatch: the one `match` on the method for requests portico reads.
+async fn dispatch(
+    _state: &State,
+    _ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    headers: &http::HeaderMap,
+    env: Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Response<Body>, GatewayError> {
+    match (env.kind, env.method.as_str()) {
+        (Kind::Notification, _) => {
+            // The core defines no client notifications over HTTP; extension notifications go
+            // to the backend, which answers 202.
+            let reply = forward(backend, headers, &env, body, deadline).await?;
+            Ok(render(reply, env.id.as_ref(), backend).await)
+        }
+        (_, _) => {
+            let reply = forward(backend, headers, &env, body, deadline).await?;
+            Ok(render(reply, env.id.as_ref(), backend).await)
+        }
+    }
+}
+
+/// Sends a modern message to the backend on the message path.
+async fn forward(
+    backend: &Backend,
+    headers: &http::HeaderMap,
+    env: &Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    let extra = mirror_headers(env);
+    backend
+        .upstream
+        .call(Outgoing {
+            body,
+            client_headers: headers,
+            extra,
+            deadline,
+        })
+        .await
+        .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))
+}
+
+/// The 2026-07-28 headers that mirror a message's body.
+pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::with_capacity(3);
+    out.push((
+        HeaderName::from_static(h::PROTOCOL_VERSION),
+        HeaderValue::from_static(LATEST_VERSION),
+    ));
+    if let Ok(v) = HeaderValue::from_str(&env.method) {
+        out.push((HeaderName::from_static(h::METHOD), v));
+    }
+    if let Some(name) = &env.name
+        && let Ok(v) = HeaderValue::from_str(&protocol::encode_header_value(name))
+    {
+        out.push((HeaderName::from_static(h::NAME), v));
+    }
+    out
+}
+
+/// Builds the client response for a relayed upstream answer, copying only the headers a client
+/// needs.
+fn relay_response(parts: http::response::Parts, body: Body) -> Response<Body> {
+    let sse = is_event_stream(&parts.headers);
+    let mut resp = Response::new(body);
+    *resp.status_mut() = parts.status;
+    let out = resp.headers_mut();
+    for name in [header::CONTENT_TYPE, header::RETRY_AFTER] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.insert(name, v.clone());
+        }
+    }
+    if sse {
+        out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        out.insert(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
+    }
+    resp
+}
+
+fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut resp = Response::new(Body::full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// 6. render: decoded messages → HTTP. A single answer goes back as JSON; when notifications
+/// come first (progress), the answer becomes an SSE stream that relays each message as it
+/// arrives. Dropping the stream (client gone) drops the upstream side too.
+pub async fn render(reply: Reply, id: Option<&RequestId>, backend: &Backend) -> Response<Body> {
+    match reply.messages {
+        MessageStream::Empty => {
+            let mut resp = Response::new(Body::Empty);
+            *resp.status_mut() = StatusCode::ACCEPTED;
+            resp
+        }
+        MessageStream::One(msg) => json_response(reply.status, msg),
+        MessageStream::Many(mut stream) => {
+            let first = match stream.next().await {
+                None => {
+                    return GatewayError::BackendFailed {
+                        backend: backend.name.to_string(),
+                        detail: "the answer stream ended without a response".into(),
+                    }
+                    .into_response(id);
+                }
+                Some(Err(e)) => {
+                    return GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e)
+                        .into_response(id);
+                }
+                Some(Ok(first)) => first,
+            };
+            if is_response(&first) {
+                return json_response(reply.status, first);
+            }
+            let stream = futures_util::stream::once(async move { Ok(first) }).chain(stream);
+            let id = id.cloned();
+            let name = backend.name.clone();
+            let timeout_ms = backend.cfg.timeout_ms;
+            let events = stream.map(move |item| match item {
+                Ok(msg) => sse_event(&msg),
+                Err(e) => sse_event(
+                    &GatewayError::from_upstream(&name, timeout_ms, &e).to_message(id.as_ref()),
+                ),
+            });
+            let mut resp = Response::new(Body::Stream(Box::pin(events)));
+            let out = resp.headers_mut();
+            out.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            out.insert(
+                HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            );
+            resp
+        }
+    }
+}
+
+/// Whether a decoded message is a JSON-RPC response (the end of an answer) rather than a
+/// notification about the request.
+pub fn is_response(msg: &[u8]) -> bool {
+    matches!(protocol::parse_envelope(msg), Ok(e) if e.kind == Kind::Response)
+}

@@ -1,0 +1,150 @@
+//! Incremental Server-Sent Events decoder for upstream answers: bytes in, one `data` payload per
+//! event out. Pure and bounded (an event larger than the limit is an error, not an OOM), so it is
+//! also a fuzz target.
+//!
+//! Only what MCP uses is kept: `data:` lines joined by `\n`; `event:`, `id:`, `retry:` and
+//! comment lines are read and dropped; an event with empty data (the 2025-11-25 priming event)
+//! yields nothing.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Default ceiling for one event.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Debug)]
+pub struct SseDecoder {
+    buf: BytesMut,
+    data: Vec<u8>,
+    has_data: bool,
+    max_event: usize,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct EventTooLarge;
+
+impl SseDecoder {
+    pub fn new(max_event: usize) -> SseDecoder {
+        SseDecoder {
+            buf: BytesMut::new(),
+            data: Vec::new(),
+            has_data: false,
+            max_event,
+        }
+    }
+
+    /// Adds bytes from the stream.
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The next complete event's data, if one is buffered.
+    pub fn next_event(&mut self) -> Result<Option<Bytes>, EventTooLarge> {
+        loop {
+            let Some(nl) = self.buf.iter().position(|b| *b == b'\n' || *b == b'\r') else {
+                if self.buf.len() + self.data.len() > self.max_event {
+                    return Err(EventTooLarge);
+                }
+                return Ok(None);
+            };
+            // A lone '\r' at the end of the buffer might be the first half of "\r\n".
+            let mut skip = 1;
+            if self.buf[nl] == b'\r' {
+                if nl + 1 == self.buf.len() {
+                    return Ok(None);
+                }
+                if self.buf[nl + 1] == b'\n' {
+                    skip = 2;
+                }
+            }
+            let line = self.buf.split_to(nl);
+            self.buf.advance(skip);
+            if line.is_empty() {
+                if self.has_data {
+                    self.has_data = false;
+                    let data = std::mem::take(&mut self.data);
+                    if !data.iter().all(|b| b.is_ascii_whitespace()) {
+                        return Ok(Some(Bytes::from(data)));
+                    }
+                }
+                continue;
+            }
+            let (field, value) = match line.iter().position(|b| *b == b':') {
+                Some(0) => continue, // comment / keep-alive
+                Some(i) => {
+                    let v = &line[i + 1..];
+                    (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+                }
+                None => (&line[..], &b""[..]),
+            };
+            if field == b"data" {
+                if self.has_data {
+                    self.data.push(b'\n');
+                }
+                self.data.extend_from_slice(value);
+                self.has_data = true;
+                if self.data.len() > self.max_event {
+                    return Err(EventTooLarge);
+                }
+            }
+        }
+    }
+
+    /// At end of stream: a final event that was not followed by a blank line.
+    pub fn finish(&mut self) -> Option<Bytes> {
+        if !self.buf.is_empty() {
+            self.buf.extend_from_slice(b"\n\n");
+            if let Ok(Some(ev)) = self.next_event() {
+                return Some(ev);
+            }
+        }
+        if self.has_data {
+            self.has_data = false;
+            let data = std::mem::take(&mut self.data);
+            if !data.iter().all(|b| b.is_ascii_whitespace()) {
+                return Some(Bytes::from(data));
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(input: &[&[u8]]) -> Vec<String> {
+        let mut d = SseDecoder::new(1024);
+        let mut out = Vec::new();
+        for chunk in input {
+            d.push(chunk);
+            while let Some(ev) = d.next_event().unwrap() {
+                out.push(String::from_utf8(ev.to_vec()).unwrap());
+            }
+        }
+        if let Some(ev) = d.finish() {
+            out.push(String::from_utf8(ev.to_vec()).unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn decodes_events_split_anywhere() {
+        let stream = b"id: 1\nevent: message\ndata: {\"a\":1}\n\n: keepalive\n\nevent: message\r\ndata: {\"b\":\r\ndata: 2}\r\n\r\nid: prime\ndata:\n\ndata: last";
+        let whole = all(&[stream]);
+        assert_eq!(whole, vec!["{\"a\":1}", "{\"b\":\n2}", "last"]);
+        for split in 1..stream.len() {
+            let (a, b) = stream.split_at(split);
+            assert_eq!(all(&[a, b]), whole, "split at {split}");
+        }
+    }
+
+    #[test]
+    fn bounded() {
+        let mut d = SseDecoder::new(8);
+        d.push(b"data: 0123456789\n");
+        assert_eq!(d.next_event(), Err(EventTooLarge));
+        let mut d = SseDecoder::new(8);
+        d.push(b"data: 0123456789");
+        assert_eq!(d.next_event(), Err(EventTooLarge));
+    }
+}
