@@ -78,13 +78,18 @@ pub fn forwardable(name: &HeaderName) -> bool {
     ) || n.starts_with(h::PARAM_PREFIX)
 }
 
-/// Content negotiation and the DNS-rebinding defence; cheap, before the body is read.
-pub fn check_post(headers: &HeaderMap, allowed_origins: &[String]) -> Result<(), GatewayError> {
-    if let Some(origin) = headers.get(header::ORIGIN)
-        && !origin_allowed(origin.as_bytes(), allowed_origins)
-    {
-        return Err(GatewayError::OriginForbidden);
+/// The DNS-rebinding defence, before anything else about the request is looked at.
+pub fn check_origin(headers: &HeaderMap, allowed_origins: &[String]) -> Result<(), GatewayError> {
+    match headers.get(header::ORIGIN) {
+        Some(origin) if !origin_allowed(origin.as_bytes(), allowed_origins) => {
+            Err(GatewayError::OriginForbidden)
+        }
+        _ => Ok(()),
     }
+}
+
+/// Content negotiation. Checked after the body is read so the error can echo the request id.
+pub fn check_content(headers: &HeaderMap) -> Result<(), GatewayError> {
     if !content_type_is_json(headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes())) {
         return Err(GatewayError::UnsupportedMediaType);
     }

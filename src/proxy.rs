@@ -107,10 +107,11 @@ async fn handle_inner(
     if parts.method != Method::POST {
         return Err(GatewayError::MethodNotAllowed);
     }
-    frontend::check_post(&parts.headers, &state.config.server.allowed_origins)?;
+    frontend::check_origin(&parts.headers, &state.config.server.allowed_origins)?;
     let body =
         frontend::read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     ctx.body = body.clone();
+    frontend::check_content(&parts.headers)?;
     // 3. era
     let head = Head::read(&parts.headers);
     let era = frontend::era(&head, &body)?;

@@ -1,0 +1,857 @@
+//! An in-repo MCP backend for hermetic tests: a real HTTP server on 127.0.0.1:0 that speaks
+//! 2026-07-28 (validating headers the way the spec says a server must) or the initialize era
+//! (sessions, no `resultType`), answers in JSON or SSE, records every request it receives, and
+//! can be told to misbehave.
+//!
+//! Builder style: `MockMcp::modern().sse().start().await`.
+
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use portico::body::{Body, sse_event};
+use serde_json::{Value, json};
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+const LATEST: &str = "2026-07-28";
+
+/// How a legacy mock answers a 2026-07-28 request (the probe), per the shapes in digest §5.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LegacyRejects {
+    /// TypeScript SDK: 400 `-32000 "Bad Request: Unsupported protocol version: …"`.
+    TsUnsupportedVersion,
+    /// Python SDK legacy transport: 400 `-32600 "Bad Request: Missing session ID"`.
+    PyMissingSession,
+    /// A 404 with an empty body.
+    Empty404,
+    /// A 405 with an HTML body.
+    Html405,
+    /// Stateless legacy server: answers the request in legacy form (`-32601` for discover).
+    AnswerLegacy,
+}
+
+#[derive(Clone, Debug)]
+struct Opts {
+    legacy: bool,
+    sse: bool,
+    stateless: bool,
+    rejects: LegacyRejects,
+    ttl_ms: Option<u64>,
+    cache_scope: Option<&'static str>,
+    list_delay: Duration,
+    list_changed: bool,
+}
+
+/// Builder for a mock backend.
+pub struct MockMcp {
+    opts: Opts,
+}
+
+/// What the mock saw of one request.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: Method,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+/// Shared state of a running mock.
+pub struct MockState {
+    opts: Mutex<Opts>,
+    pub seen: Mutex<Vec<Seen>>,
+    counts: Mutex<HashMap<String, u64>>,
+    sessions: Mutex<HashSet<String>>,
+    next_session: AtomicU64,
+    /// Requests whose answer stream was dropped before it finished (the client went away).
+    pub cancelled: Mutex<Vec<Value>>,
+    pub cancelled_notify: Notify,
+    /// `notifications/cancelled` messages received (legacy cancellation).
+    pub cancel_notes: Mutex<Vec<Value>>,
+    /// Answers to server-initiated requests, by id.
+    waiting: Mutex<HashMap<String, oneshot::Sender<Value>>>,
+    /// When set, every request is refused with a connection close (a dying server).
+    pub down: AtomicBool,
+    /// Extra tools added at runtime (by `add_tool`).
+    extra_tools: Mutex<Vec<String>>,
+    /// Open `subscriptions/listen` streams.
+    listeners: Mutex<Vec<mpsc::Sender<Bytes>>>,
+    /// Legacy: the GET-less notification channel: notifications queued for the next SSE answer.
+    pub deletes: AtomicU64,
+}
+
+/// A running mock.
+pub struct MockHandle {
+    pub addr: SocketAddr,
+    pub state: Arc<MockState>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for MockHandle {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+impl MockMcp {
+    pub fn modern() -> MockMcp {
+        MockMcp {
+            opts: Opts {
+                legacy: false,
+                sse: false,
+                stateless: false,
+                rejects: LegacyRejects::TsUnsupportedVersion,
+                ttl_ms: Some(60_000),
+                cache_scope: Some("public"),
+                list_delay: Duration::ZERO,
+                list_changed: false,
+            },
+        }
+    }
+
+    pub fn legacy() -> MockMcp {
+        let mut m = MockMcp::modern();
+        m.opts.legacy = true;
+        m
+    }
+
+    /// Answer requests as SSE streams instead of JSON.
+    pub fn sse(mut self) -> Self {
+        self.opts.sse = true;
+        self
+    }
+
+    /// Legacy only: no sessions.
+    pub fn stateless(mut self) -> Self {
+        self.opts.stateless = true;
+        self
+    }
+
+    pub fn rejects(mut self, r: LegacyRejects) -> Self {
+        self.opts.rejects = r;
+        self
+    }
+
+    /// `ttlMs` on list results (`None` leaves the field out).
+    pub fn ttl_ms(mut self, ttl: Option<u64>) -> Self {
+        self.opts.ttl_ms = ttl;
+        self
+    }
+
+    /// `cacheScope` on list results (`None` leaves the field out).
+    pub fn cache_scope(mut self, scope: Option<&'static str>) -> Self {
+        self.opts.cache_scope = scope;
+        self
+    }
+
+    /// Delay before answering list requests.
+    pub fn list_delay(mut self, d: Duration) -> Self {
+        self.opts.list_delay = d;
+        self
+    }
+
+    /// Advertise `tools.listChanged`.
+    pub fn list_changed(mut self) -> Self {
+        self.opts.list_changed = true;
+        self
+    }
+
+    pub async fn start(self) -> MockHandle {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(self, listener).await
+    }
+
+    /// Starts on a given listener (to restart a mock on the same port).
+    pub async fn start_on(self, listener: tokio::net::TcpListener) -> MockHandle {
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(MockState {
+            opts: Mutex::new(self.opts),
+            seen: Mutex::new(Vec::new()),
+            counts: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashSet::new()),
+            next_session: AtomicU64::new(1),
+            cancelled: Mutex::new(Vec::new()),
+            cancelled_notify: Notify::new(),
+            cancel_notes: Mutex::new(Vec::new()),
+            waiting: Mutex::new(HashMap::new()),
+            down: AtomicBool::new(false),
+            extra_tools: Mutex::new(Vec::new()),
+            listeners: Mutex::new(Vec::new()),
+            deletes: AtomicU64::new(0),
+        });
+        let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
+        let st = state.clone();
+        tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let (tcp, _) = tokio::select! {
+                    a = listener.accept() => match a { Ok(x) => x, Err(_) => continue },
+                    _ = &mut stop_rx => break,
+                };
+                let st = st.clone();
+                conns.spawn(async move {
+                    let svc = service_fn(move |req| {
+                        let st = st.clone();
+                        async move { Ok::<_, Infallible>(handle(st, req).await) }
+                    });
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                });
+            }
+            // Stopping the mock closes every connection, like a killed process.
+            conns.abort_all();
+        });
+        MockHandle {
+            addr,
+            state,
+            stop: Some(stop_tx),
+        }
+    }
+}
+
+impl MockHandle {
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// How many requests with this JSON-RPC method reached the mock.
+    pub fn count(&self, method: &str) -> u64 {
+        *self.state.counts.lock().unwrap().get(method).unwrap_or(&0)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.state.seen.lock().unwrap().clone()
+    }
+
+    /// Forget every legacy session (as a restarted server would).
+    pub fn drop_sessions(&self) {
+        self.state.sessions.lock().unwrap().clear();
+    }
+
+    pub fn set_ttl(&self, ttl: Option<u64>) {
+        self.state.opts.lock().unwrap().ttl_ms = ttl;
+    }
+
+    pub fn set_scope(&self, scope: Option<&'static str>) {
+        self.state.opts.lock().unwrap().cache_scope = scope;
+    }
+
+    /// Adds a tool and announces `list_changed` on every open listen stream / legacy stream.
+    pub fn add_tool(&self, name: &str) {
+        add_tool(&self.state, name);
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.state.sessions.lock().unwrap().len()
+    }
+
+    /// Waits until some request's answer stream was dropped early.
+    pub async fn wait_cancelled(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if !self.state.cancelled.lock().unwrap().is_empty()
+                || !self.state.cancel_notes.lock().unwrap().is_empty()
+            {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, self.state.cancelled_notify.notified())
+                .await
+                .is_err()
+            {
+                return !self.state.cancelled.lock().unwrap().is_empty()
+                    || !self.state.cancel_notes.lock().unwrap().is_empty();
+            }
+        }
+    }
+}
+
+fn add_tool(state: &MockState, name: &str) {
+    state.extra_tools.lock().unwrap().push(name.to_string());
+    let note = json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{}});
+    let mut ls = state.listeners.lock().unwrap();
+    ls.retain(|tx| {
+        let mut n = note.clone();
+        n["params"]["_meta"] = json!({"io.modelcontextprotocol/subscriptionId": "?"});
+        tx.try_send(sse_event(n.to_string().as_bytes())).is_ok()
+    });
+}
+
+fn json_resp(status: StatusCode, v: &Value) -> Response<Body> {
+    let mut r = Response::new(Body::full(v.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    r
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    let mut r = Response::new(Body::Empty);
+    *r.status_mut() = status;
+    r
+}
+
+fn err(id: &Value, code: i64, msg: &str) -> Value {
+    let mut v = json!({"jsonrpc":"2.0","error":{"code":code,"message":msg}});
+    if !id.is_null() {
+        v["id"] = id.clone();
+    }
+    v
+}
+
+/// Marks a request cancelled if dropped before `done()`.
+struct CancelGuard {
+    state: Arc<MockState>,
+    req: Value,
+    done: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            self.state.cancelled.lock().unwrap().push(self.req.clone());
+            self.state.cancelled_notify.notify_waiters();
+        }
+    }
+}
+
+async fn handle(state: Arc<MockState>, req: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = req.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let parsed = serde_json::from_slice::<Value>(&bytes);
+    let body: Value = parsed.as_ref().cloned().unwrap_or(Value::Null);
+    state.seen.lock().unwrap().push(Seen {
+        method: parts.method.clone(),
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    if let Some(m) = body.get("method").and_then(Value::as_str) {
+        *state
+            .counts
+            .lock()
+            .unwrap()
+            .entry(m.to_string())
+            .or_default() += 1;
+    }
+    let opts = state.opts.lock().unwrap().clone();
+    if parsed.is_err() && parts.method == Method::POST {
+        return json_resp(
+            StatusCode::BAD_REQUEST,
+            &err(&Value::Null, -32700, "Parse error"),
+        );
+    }
+    if parts.uri.path() == "/stats" {
+        return json_resp(StatusCode::OK, &json!(*state.counts.lock().unwrap()));
+    }
+    if opts.legacy {
+        legacy(state, opts, parts, body).await
+    } else {
+        modern(state, opts, parts, body).await
+    }
+}
+
+async fn modern(
+    state: Arc<MockState>,
+    opts: Opts,
+    parts: http::request::Parts,
+    body: Value,
+) -> Response<Body> {
+    if parts.method != Method::POST {
+        return empty(StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let h = |n: &str| {
+        parts
+            .headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let id = body.get("id").cloned().unwrap_or(Value::Null);
+    if body.is_array() {
+        return json_resp(StatusCode::BAD_REQUEST, &err(&Value::Null, -32600, "batch"));
+    }
+    let Some(method) = body.get("method").and_then(Value::as_str) else {
+        return json_resp(StatusCode::BAD_REQUEST, &err(&id, -32600, "no method"));
+    };
+    if body.get("id").is_none() {
+        return empty(StatusCode::ACCEPTED);
+    }
+    // The spec's server-side header checks.
+    if h("mcp-method").as_deref() != Some(method) {
+        return json_resp(
+            StatusCode::BAD_REQUEST,
+            &err(&id, -32020, "Mcp-Method mismatch"),
+        );
+    }
+    let name_field = match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    };
+    if let Some(f) = name_field {
+        let want = body["params"][f].as_str().map(String::from);
+        let got = h("mcp-name").and_then(|v| portico::protocol::decode_header_value(v.as_bytes()));
+        if want != got {
+            return json_resp(
+                StatusCode::BAD_REQUEST,
+                &err(&id, -32020, "Mcp-Name mismatch"),
+            );
+        }
+    }
+    let meta = &body["params"]["_meta"];
+    let pv = meta["io.modelcontextprotocol/protocolVersion"].as_str();
+    if pv.is_none()
+        || meta
+            .get("io.modelcontextprotocol/clientCapabilities")
+            .is_none()
+    {
+        return json_resp(StatusCode::BAD_REQUEST, &err(&id, -32602, "missing _meta"));
+    }
+    if pv != Some(LATEST) || h("mcp-protocol-version").as_deref() != Some(LATEST) {
+        return json_resp(
+            StatusCode::BAD_REQUEST,
+            &json!({"jsonrpc":"2.0","id":id,"error":{"code":-32022,"message":"Unsupported protocol version","data":{"supported":[LATEST],"requested":pv}}}),
+        );
+    }
+    answer(state, &opts, method, &body, &parts.headers, true).await
+}
+
+fn cache_fields(opts: &Opts, mut v: Value) -> Value {
+    if let Some(t) = opts.ttl_ms {
+        v["ttlMs"] = json!(t);
+    }
+    if let Some(s) = opts.cache_scope {
+        v["cacheScope"] = json!(s);
+    }
+    v
+}
+
+fn tools(state: &MockState) -> Value {
+    let mut tools = vec![
+        json!({"name":"echo","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}}),
+        json!({"name":"add","inputSchema":{"type":"object"}}),
+        json!({"name":"progress","inputSchema":{"type":"object"}}),
+        json!({"name":"slow","inputSchema":{"type":"object"}}),
+        json!({"name":"whoami","inputSchema":{"type":"object"}}),
+        json!({"name":"ask","inputSchema":{"type":"object"}}),
+    ];
+    for t in state.extra_tools.lock().unwrap().iter() {
+        tools.push(json!({"name": t, "inputSchema":{"type":"object"}}));
+    }
+    Value::Array(tools)
+}
+
+/// The shared method table. `modern` adds `resultType` and cache fields.
+async fn answer(
+    state: Arc<MockState>,
+    opts: &Opts,
+    method: &str,
+    body: &Value,
+    headers: &HeaderMap,
+    modern: bool,
+) -> Response<Body> {
+    let id = body["id"].clone();
+    let params = &body["params"];
+    let wrap = |mut result: Value, cacheable: bool| {
+        if modern {
+            result["resultType"] = json!("complete");
+            if cacheable {
+                result = cache_fields(opts, result);
+            }
+            result["_meta"] =
+                json!({"io.modelcontextprotocol/serverInfo":{"name":"mock","version":"1"}});
+        }
+        json!({"jsonrpc":"2.0","id":id,"result":result})
+    };
+    let list_delay = opts.list_delay;
+    let result = match method {
+        "server/discover" if modern => wrap(
+            json!({"supportedVersions":[LATEST],"capabilities":{"tools":{"listChanged":opts.list_changed},"resources":{},"prompts":{}},"instructions":"mock instructions"}),
+            true,
+        ),
+        "tools/list" => {
+            tokio::time::sleep(list_delay).await;
+            let cursor = params["cursor"].as_str();
+            wrap(json!({"tools": tools(&state), "echoCursor": cursor}), true)
+        }
+        "prompts/list" => wrap(json!({"prompts":[{"name":"greet"}]}), true),
+        "resources/list" => wrap(json!({"resources":[{"uri":"mock://r","name":"r"}]}), true),
+        "resources/templates/list" => wrap(json!({"resourceTemplates":[]}), true),
+        "resources/read" => {
+            let uri = params["uri"].as_str().unwrap_or("");
+            if uri == "mock://r" {
+                wrap(
+                    json!({"contents":[{"uri":uri,"text":"mock resource"}]}),
+                    true,
+                )
+            } else if modern {
+                json!({"jsonrpc":"2.0","id":id,"error":{"code":-32602,"message":"Resource not found","data":{"uri":uri}}})
+            } else {
+                json!({"jsonrpc":"2.0","id":id,"error":{"code":-32002,"message":"Resource not found","data":{"uri":uri}}})
+            }
+        }
+        "prompts/get" => wrap(
+            json!({"messages":[{"role":"user","content":{"type":"text","text":format!("Hello, {}!", params["arguments"]["name"].as_str().unwrap_or("?"))}}]}),
+            false,
+        ),
+        "ping" if !modern => json!({"jsonrpc":"2.0","id":id,"result":{}}),
+        "tools/call" => {
+            let name = params["name"].as_str().unwrap_or("");
+            let args = &params["arguments"];
+            let text = |t: String| {
+                wrap(
+                    json!({"content":[{"type":"text","text":t}],"isError":false}),
+                    false,
+                )
+            };
+            match name {
+                "echo" => text(args["text"].as_str().unwrap_or("").to_string()),
+                "add" => text(
+                    (args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)).to_string(),
+                ),
+                "whoami" => text(
+                    headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("none")
+                        .to_string(),
+                ),
+                "progress" | "slow" | "ask" => {
+                    return streaming(state, opts, name, body.clone(), modern).await;
+                }
+                n if state.extra_tools.lock().unwrap().iter().any(|t| t == n) => {
+                    text(n.to_string())
+                }
+                _ => err(&id, -32602, &format!("Unknown tool: {name}")),
+            }
+        }
+        "subscriptions/listen" if modern => return listen(state, body.clone()),
+        _ => {
+            return json_resp(
+                StatusCode::NOT_FOUND,
+                &err(&id, -32601, &format!("Method not found: {method}")),
+            );
+        }
+    };
+    if opts.sse {
+        sse_resp(vec![result])
+    } else {
+        let status = if result.get("error").is_some() && modern && method != "tools/call" {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::OK
+        };
+        json_resp(status, &result)
+    }
+}
+
+fn sse_resp(msgs: Vec<Value>) -> Response<Body> {
+    let chunks: Vec<Bytes> = msgs
+        .iter()
+        .map(|m| sse_event(m.to_string().as_bytes()))
+        .collect();
+    let mut r = Response::new(Body::Stream(Box::pin(futures_util::stream::iter(chunks))));
+    r.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    r
+}
+
+/// Tools whose answers take time: `progress` (notifications then result), `slow` (sleeps),
+/// `ask` (legacy: sends an elicitation request and waits for its answer).
+async fn streaming(
+    state: Arc<MockState>,
+    opts: &Opts,
+    name: &str,
+    body: Value,
+    modern: bool,
+) -> Response<Body> {
+    let id = body["id"].clone();
+    let args = body["params"]["arguments"].clone();
+    let token = body["params"]["_meta"]["progressToken"].clone();
+    let sse = opts.sse || (name == "progress" && !token.is_null()) || name == "ask";
+    let name = name.to_string();
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    let guard_state = state.clone();
+    let fut = async move {
+        let mut guard = CancelGuard {
+            state: guard_state,
+            req: body.clone(),
+            done: false,
+        };
+        let result_text = match name.as_str() {
+            "progress" => {
+                let steps = args["steps"].as_u64().unwrap_or(3);
+                let delay = args["delay_ms"].as_u64().unwrap_or(20);
+                for i in 1..=steps {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    if !token.is_null() {
+                        let n = json!({"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":token,"progress":i,"total":steps}});
+                        if tx.send(sse_event(n.to_string().as_bytes())).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                format!("done {steps}")
+            }
+            "slow" => {
+                let ms = args["ms"].as_u64().unwrap_or(1000);
+                // Keep-alive comments let the server notice a client that went away.
+                let end = tokio::time::Instant::now() + Duration::from_millis(ms);
+                while tokio::time::Instant::now() < end {
+                    tokio::time::sleep(
+                        Duration::from_millis(20).min(end - tokio::time::Instant::now()),
+                    )
+                    .await;
+                    if sse
+                        && tx
+                            .send(Bytes::from_static(b": keepalive\n\n"))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                format!("slept {ms}")
+            }
+            _ => {
+                // ask: a server-initiated request, then wait for the client's response.
+                let rid = format!("srv-{}", state.next_session.fetch_add(1, Ordering::Relaxed));
+                let (otx, orx) = oneshot::channel();
+                state
+                    .waiting
+                    .lock()
+                    .unwrap()
+                    .insert(format!("\"{rid}\""), otx);
+                let q = json!({"jsonrpc":"2.0","id":rid,"method":"elicitation/create","params":{"message":"name?","requestedSchema":{"type":"object","properties":{}}}});
+                if tx.send(sse_event(q.to_string().as_bytes())).await.is_err() {
+                    return;
+                }
+                match tokio::time::timeout(Duration::from_secs(5), orx).await {
+                    Ok(Ok(answer)) => format!("answer: {answer}"),
+                    _ => "no answer".to_string(),
+                }
+            }
+        };
+        let mut result = json!({"content":[{"type":"text","text":result_text}],"isError":false});
+        if modern {
+            result["resultType"] = json!("complete");
+        }
+        let msg = json!({"jsonrpc":"2.0","id":id,"result":result});
+        guard.done = true;
+        let _ = tx.send(sse_event(msg.to_string().as_bytes())).await;
+    };
+    if sse {
+        // The producer runs inside the body stream: dropping the body (client gone) drops it,
+        // and the guard records the cancellation.
+        let stream = futures_util::stream::unfold(
+            (Some(Box::pin(fut)), rx),
+            |(mut fut, mut rx)| async move {
+                loop {
+                    match &mut fut {
+                        Some(f) => {
+                            tokio::select! {
+                                biased;
+                                m = rx.recv() => return m.map(|m| (m, (fut, rx))),
+                                _ = f.as_mut() => { fut = None; }
+                            }
+                        }
+                        None => return rx.recv().await.map(|m| (m, (None, rx))),
+                    }
+                }
+            },
+        );
+        let mut r = Response::new(Body::Stream(Box::pin(stream)));
+        r.headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        r
+    } else {
+        // JSON: run to completion, then answer with the last message.
+        let mut rx = rx;
+        let collector = tokio::spawn(async move {
+            let mut last = Bytes::new();
+            while let Some(m) = rx.recv().await {
+                last = m;
+            }
+            last
+        });
+        fut.await;
+        let last = collector.await.unwrap_or_default();
+        let text = String::from_utf8_lossy(&last);
+        let data = text
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .unwrap_or("{}")
+            .to_string();
+        let mut r = Response::new(Body::full(data));
+        r.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        r
+    }
+}
+
+/// `subscriptions/listen`: acknowledge, then relay `list_changed` as tools are added.
+fn listen(state: Arc<MockState>, body: Value) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let id = body["id"].clone();
+    let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"notifications":body["params"]["notifications"],"_meta":{"io.modelcontextprotocol/subscriptionId":id}}});
+    let _ = tx.try_send(sse_event(ack.to_string().as_bytes()));
+    state.listeners.lock().unwrap().push(tx);
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut r = Response::new(Body::Stream(Box::pin(stream)));
+    r.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    r
+}
+
+async fn legacy(
+    state: Arc<MockState>,
+    opts: Opts,
+    parts: http::request::Parts,
+    body: Value,
+) -> Response<Body> {
+    let h = |n: &str| {
+        parts
+            .headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
+    let session = h("mcp-session-id");
+    if parts.method == Method::DELETE {
+        state.deletes.fetch_add(1, Ordering::Relaxed);
+        if let Some(s) = session {
+            state.sessions.lock().unwrap().remove(&s);
+        }
+        return empty(StatusCode::OK);
+    }
+    if parts.method != Method::POST {
+        return empty(StatusCode::METHOD_NOT_ALLOWED);
+    }
+    let id = body.get("id").cloned().unwrap_or(Value::Null);
+    let method = body
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    // A response from the client to a server-initiated request.
+    if body.get("method").is_none() && (body.get("result").is_some() || body.get("error").is_some())
+    {
+        let key = body["id"].to_string();
+        if let Some(tx) = state.waiting.lock().unwrap().remove(&key) {
+            let _ = tx.send(body.clone());
+        }
+        return empty(StatusCode::ACCEPTED);
+    }
+    // A 2026-07-28 request reaching a legacy server: the probe's view.
+    if h("mcp-protocol-version").as_deref() == Some(LATEST) && method != "initialize" {
+        match opts.rejects {
+            LegacyRejects::TsUnsupportedVersion => {
+                return json_resp(
+                    StatusCode::BAD_REQUEST,
+                    &err(
+                        &Value::Null,
+                        -32000,
+                        "Bad Request: Unsupported protocol version: 2026-07-28 (supported versions: 2025-11-25, 2025-06-18, 2025-03-26)",
+                    ),
+                );
+            }
+            LegacyRejects::PyMissingSession => {
+                return json_resp(
+                    StatusCode::BAD_REQUEST,
+                    &err(&id, -32600, "Bad Request: Missing session ID"),
+                );
+            }
+            LegacyRejects::Empty404 => return empty(StatusCode::NOT_FOUND),
+            LegacyRejects::Html405 => {
+                let mut r = Response::new(Body::full("<html>405 Method Not Allowed</html>"));
+                *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+                r.headers_mut()
+                    .insert("content-type", "text/html".parse().unwrap());
+                return r;
+            }
+            LegacyRejects::AnswerLegacy => {}
+        }
+    }
+    if method == "initialize" {
+        let asked = body["params"]["protocolVersion"]
+            .as_str()
+            .unwrap_or("2025-03-26");
+        let version = if ["2025-11-25", "2025-06-18", "2025-03-26"].contains(&asked) {
+            asked
+        } else {
+            "2025-11-25"
+        };
+        let result = json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":version,
+            "capabilities":{"tools":{"listChanged":opts.list_changed},"resources":{},"prompts":{}},
+            "serverInfo":{"name":"legacy-mock","version":"1"},"instructions":"legacy instructions"}});
+        let mut resp = if opts.sse {
+            sse_resp(vec![result])
+        } else {
+            json_resp(StatusCode::OK, &result)
+        };
+        if !opts.stateless {
+            let sid = format!(
+                "sess-{}",
+                state.next_session.fetch_add(1, Ordering::Relaxed)
+            );
+            state.sessions.lock().unwrap().insert(sid.clone());
+            resp.headers_mut()
+                .insert("mcp-session-id", sid.parse().unwrap());
+        }
+        return resp;
+    }
+    if !opts.stateless {
+        match &session {
+            None => {
+                return json_resp(
+                    StatusCode::BAD_REQUEST,
+                    &err(&Value::Null, -32000, "Bad Request: Server not initialized"),
+                );
+            }
+            Some(s) if !state.sessions.lock().unwrap().contains(s) => {
+                return json_resp(
+                    StatusCode::NOT_FOUND,
+                    &err(&Value::Null, -32001, "Session not found"),
+                );
+            }
+            _ => {}
+        }
+    }
+    if body.get("id").is_none() {
+        if method == "notifications/cancelled" {
+            state.cancel_notes.lock().unwrap().push(body.clone());
+            state.cancelled_notify.notify_waiters();
+        }
+        return empty(StatusCode::ACCEPTED);
+    }
+    if let Some(v) = h("mcp-protocol-version")
+        && !["2025-11-25", "2025-06-18", "2025-03-26"].contains(&v.as_str())
+    {
+        return json_resp(
+            StatusCode::BAD_REQUEST,
+            &err(
+                &Value::Null,
+                -32000,
+                &format!("Bad Request: Unsupported protocol version: {v}"),
+            ),
+        );
+    }
+    answer(state, &opts, &method, &body, &parts.headers, false).await
+}

@@ -1,0 +1,7 @@
+//! portico's integration tests: one binary (one link), one module per capability. Every test
+//! runs the gateway as a real server on 127.0.0.1:0 against real backends — the in-repo mock
+//! (`common::mock`) for exact wire checks and fault injection, and the official SDKs (`interop`)
+//! installed by `tests/interop/setup.sh`.
+
+mod common;
+mod core;

@@ -1,0 +1,104 @@
+// Interop fixture: an MCP client built on the official TypeScript SDK v1 (@modelcontextprotocol/sdk 1.32.2).
+// Entry point is ../ts_client.mjs. The v1 SDK speaks only the initialize era (era is always "legacy").
+//
+//   ts_client.mjs --url http://127.0.0.1:PORT/mcp [--header 'K: V']... [--tool-prefix P] [--timeout S]
+//   ts_client.mjs [--tool-prefix P] --stdio -- CMD ARGS...
+//   (--legacy is accepted and ignored.)
+//
+// Prints ONE JSON object on stdout (same shape as py_client.py); {"ok": false, "error": ...} + exit 1 on failure.
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { parseArgs } from 'node:util';
+
+function fail(msg) {
+  process.stdout.write(JSON.stringify({ ok: false, error: String(msg) }) + '\n');
+  process.exit(1);
+}
+
+const argv = process.argv.slice(2);
+const dd = argv.indexOf('--');
+const own = dd >= 0 ? argv.slice(0, dd) : argv;
+const cmd = dd >= 0 ? argv.slice(dd + 1) : [];
+let opts;
+try {
+  ({ values: opts } = parseArgs({
+    args: own,
+    options: {
+      url: { type: 'string' },
+      stdio: { type: 'boolean', default: false },
+      legacy: { type: 'boolean', default: false },
+      header: { type: 'string', multiple: true, default: [] },
+      'tool-prefix': { type: 'string', default: '' },
+      timeout: { type: 'string', default: '20' },
+    },
+    strict: true,
+  }));
+} catch (e) {
+  fail(`bad arguments: ${e.message}`);
+}
+if (!!opts.url === opts.stdio) fail('exactly one of --url or --stdio -- CMD ... is required');
+if (opts.stdio && cmd.length === 0) fail('--stdio needs a command after --');
+
+const timeoutMs = Math.round(Number(opts.timeout) * 1000);
+const pre = opts['tool-prefix'];
+const textOf = (content) => (content ?? []).map((c) => (c.type === 'text' ? c.text : '')).join('');
+
+async function scenario() {
+  let transport;
+  if (opts.stdio) {
+    transport = new StdioClientTransport({ command: cmd[0], args: cmd.slice(1), env: { ...process.env }, stderr: 'inherit' });
+  } else {
+    const headers = {};
+    for (const h of opts.header) {
+      const i = h.indexOf(':');
+      if (i < 0) throw new Error(`bad --header ${JSON.stringify(h)}, expected 'K: V'`);
+      headers[h.slice(0, i).trim()] = h.slice(i + 1).trim();
+    }
+    transport = new StreamableHTTPClientTransport(new URL(opts.url), { requestInit: { headers } });
+  }
+  const client = new Client({ name: 'portico-interop-ts-client', version: '1.0.0' }, { capabilities: {} });
+  const ro = { timeout: timeoutMs };
+  await client.connect(transport, ro);
+  try {
+    const info = client.getServerVersion();
+    const tools = await client.listTools({}, ro);
+    const echo = await client.callTool({ name: pre + 'echo', arguments: { text: 'hi' } }, undefined, ro);
+    const add = await client.callTool({ name: pre + 'add', arguments: { a: 2, b: 3 } }, undefined, ro);
+    let events = 0;
+    const prog = await client.callTool({ name: pre + 'progress', arguments: { steps: 3 } }, undefined,
+      { ...ro, onprogress: () => { events += 1; } });
+    const res = await client.readResource({ uri: 'demo://greeting' }, ro);
+    const prompt = await client.getPrompt({ name: 'greet', arguments: { name: 'Ada' } }, ro);
+    for (const [n, r] of [['echo', echo], ['add', add], ['progress', prog]]) {
+      if (r.isError) throw new Error(`tool ${n} returned isError: ${textOf(r.content)}`);
+    }
+    return {
+      ok: true,
+      era: 'legacy',
+      protocol_version: transport.protocolVersion ?? null,
+      server_name: info?.name ?? null,
+      tools: tools.tools.map((t) => t.name).sort(),
+      echo: textOf(echo.content),
+      add: textOf(add.content),
+      progress_result: textOf(prog.content),
+      progress_events: events,
+      resource: res.contents.map((c) => c.text ?? '').join(''),
+      prompt: prompt.messages?.[0]?.content?.text ?? '',
+    };
+  } finally {
+    if (!opts.stdio && transport.sessionId) {
+      await transport.terminateSession().catch(() => {});
+    }
+    await client.close().catch(() => {});
+  }
+}
+
+const deadline = new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out after ${opts.timeout}s`)), timeoutMs).unref());
+try {
+  const out = await Promise.race([scenario(), deadline]);
+  process.stdout.write(JSON.stringify(out) + '\n');
+  process.exit(0);
+} catch (e) {
+  fail(e?.message ?? e);
+}
