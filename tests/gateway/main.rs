@@ -5,3 +5,4 @@
 
 mod common;
 mod core;
+mod interop;
