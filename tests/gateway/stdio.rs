@@ -1,0 +1,524 @@
+//! stdio backends (issue: one child process per backend, multiplexed). These tests drive
+//! `StdioUpstream` directly against a real child, `fixtures/stdio_mock.py`, so they check the
+//! pipe itself: id and token rewriting, cancellation, crashes and restarts, hostile output.
+//! Every call carries a deadline and every test shuts its child down, so nothing hangs or lingers.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use portico::upstream::stdio::{CallOptions, StdioUpstream};
+use portico::upstream::{MessageStream, Reply, UpstreamError};
+use serde_json::{Value, json};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+const MOCK: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/gateway/fixtures/stdio_mock.py"
+);
+
+/// A backend running the mock with `args`, built from TOML the way portico builds it.
+fn backend(args: &[&str]) -> StdioUpstream {
+    let mut cmd = vec!["python3".to_string(), MOCK.to_string()];
+    cmd.extend(args.iter().map(|a| a.to_string()));
+    backend_cmd(&cmd)
+}
+
+fn backend_cmd(cmd: &[String]) -> StdioUpstream {
+    let toml = format!(
+        "[[backends]]\nname = \"s\"\ncommand = {}\nmax_line_bytes = 65536\n",
+        serde_json::to_string(cmd).unwrap()
+    );
+    let cfg = portico::config::validate(portico::config::parse(&toml).unwrap()).unwrap();
+    let b = &cfg.backends[0];
+    StdioUpstream::new(b, b.command.clone().unwrap())
+}
+
+fn within(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+fn msg(v: Value) -> Bytes {
+    Bytes::from(serde_json::to_vec(&v).unwrap())
+}
+
+fn tool(id: Value, name: &str, args: Value) -> Bytes {
+    msg(json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+            "params":{"name":name,"arguments":args}}))
+}
+
+fn tool_with_token(id: Value, name: &str, args: Value, token: Value) -> Bytes {
+    msg(json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+        "params":{"name":name,"arguments":args,"_meta":{"progressToken":token}}}))
+}
+
+/// Every message of an answer, in order.
+async fn collect(reply: Reply) -> Result<Vec<Value>, UpstreamError> {
+    let parse = |b: &Bytes| serde_json::from_slice::<Value>(b).unwrap();
+    match reply.messages {
+        MessageStream::Empty => Ok(Vec::new()),
+        MessageStream::One(b) => Ok(vec![parse(&b)]),
+        MessageStream::Many(mut s) => {
+            let mut out = Vec::new();
+            while let Some(item) = s.next().await {
+                out.push(parse(&item?));
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Calls a tool and returns the final response.
+async fn call_tool(up: &StdioUpstream, name: &str, args: Value) -> Result<Value, UpstreamError> {
+    let reply = up
+        .call(tool(json!("t"), name, args), within(10_000))
+        .await?;
+    let mut msgs = collect(reply).await?;
+    Ok(msgs.pop().expect("a response"))
+}
+
+/// What the mock saw in `notifications/cancelled`.
+async fn cancelled(up: &StdioUpstream) -> Vec<Value> {
+    let r = call_tool(up, "cancelled_ids", json!({})).await.unwrap();
+    r["result"]["structuredContent"]["cancelled"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Starts the child with a real call; returns the pid the child reports.
+async fn start(up: &StdioUpstream) -> u32 {
+    let r = call_tool(up, "pid", json!({})).await.unwrap();
+    let pid = r["result"]["structuredContent"]["pid"].as_u64().unwrap() as u32;
+    assert_eq!(up.pid(), Some(pid));
+    pid
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::process::Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_calls_with_one_client_id_get_their_own_answers() {
+    let up = Arc::new(backend(&["--modern"]));
+    let calls = (0..50).map(|i| {
+        let up = up.clone();
+        tokio::spawn(async move {
+            let text = format!("t{i}");
+            let body = tool(json!("same"), "echo", json!({ "text": text }));
+            let reply = up.call(body, within(10_000)).await.unwrap();
+            (text, collect(reply).await.unwrap())
+        })
+    });
+    let mut seen = HashSet::new();
+    for call in futures_util::future::join_all(calls).await {
+        let (text, msgs) = call.unwrap();
+        assert_eq!(msgs.len(), 1, "{msgs:?}");
+        assert_eq!(msgs[0]["id"], "same", "the caller's id is restored");
+        let sc = &msgs[0]["result"]["structuredContent"];
+        assert_eq!(sc["text"], text.as_str(), "each caller gets its own answer");
+        assert!(sc["seenId"].is_u64(), "the child saw a gateway id: {sc}");
+        seen.insert(sc["seenId"].to_string());
+    }
+    assert_eq!(seen.len(), 50, "gateway ids are unique on the pipe");
+    up.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn progress_reaches_only_its_caller_with_the_original_token() {
+    let up = Arc::new(backend(&["--modern"]));
+    let calls = [3u64, 4, 5].map(|steps| {
+        let up = up.clone();
+        tokio::spawn(async move {
+            let args = json!({"steps": steps, "delay_ms": 30});
+            let body = tool_with_token(json!(7), "progress", args, json!("tok"));
+            let reply = up.call(body, within(10_000)).await.unwrap();
+            assert_eq!(reply.status, 200);
+            (steps, collect(reply).await.unwrap())
+        })
+    });
+    for call in futures_util::future::join_all(calls).await {
+        let (steps, msgs) = call.unwrap();
+        let (last, notes) = msgs.split_last().unwrap();
+        assert_eq!(notes.len() as u64, steps, "{msgs:?}");
+        for (i, n) in notes.iter().enumerate() {
+            assert_eq!(n["method"], "notifications/progress");
+            assert_eq!(
+                n["params"]["progressToken"], "tok",
+                "original token restored"
+            );
+            assert_eq!(
+                n["params"]["total"], steps,
+                "another caller's progress leaked in"
+            );
+            assert_eq!(n["params"]["progress"], i as u64 + 1);
+        }
+        assert_eq!(last["id"], 7);
+        let token = last["result"]["structuredContent"]["seenToken"]
+            .as_str()
+            .unwrap();
+        assert!(
+            token.starts_with("portico-"),
+            "child saw a gateway token: {token}"
+        );
+    }
+    up.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_exit_fails_in_flight_calls_at_once_and_a_later_call_restarts_it() {
+    let up = Arc::new(backend(&["--modern"]));
+    let pid = start(&up).await;
+    let generation = up.generation();
+    assert!(up.is_up());
+    let slow = {
+        let up = up.clone();
+        tokio::spawn(async move {
+            let reply = up
+                .call(
+                    tool(json!(1), "slow", json!({"ms": 20_000})),
+                    within(30_000),
+                )
+                .await;
+            (reply.map(|_| ()), Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let crashed_at = Instant::now();
+    let crash = up
+        .call(tool(json!(2), "crash", json!({})), within(5_000))
+        .await;
+    assert!(
+        matches!(crash, Err(UpstreamError::Closed(_))),
+        "{:?}",
+        crash.err()
+    );
+    let (slow, failed_at) = tokio::time::timeout(Duration::from_secs(2), slow)
+        .await
+        .expect("the in-flight call does not hang")
+        .unwrap();
+    match slow {
+        Err(UpstreamError::Closed(why)) => assert!(why.contains("exited"), "{why}"),
+        other => panic!("expected Closed, got {other:?}"),
+    }
+    assert!(failed_at - crashed_at < Duration::from_secs(1));
+
+    // Pinned to the dead child: refused rather than sent to an un-handshaken new one.
+    let pinned = CallOptions {
+        generation: Some(generation),
+        ..CallOptions::default()
+    };
+    let r = up
+        .call_with(
+            tool(json!(3), "echo", json!({"text":"x"})),
+            within(5_000),
+            pinned,
+        )
+        .await;
+    assert!(matches!(r, Err(UpstreamError::Closed(_))), "{:?}", r.err());
+
+    let again = call_tool(&up, "pid", json!({})).await.expect("restarted");
+    let pid2 = again["result"]["structuredContent"]["pid"]
+        .as_u64()
+        .unwrap() as u32;
+    assert_ne!(pid, pid2, "a new child");
+    assert!(up.generation() > generation);
+    assert!(up.restarts() >= 1);
+    up.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_child_fails_in_flight_calls_within_a_second() {
+    let up = Arc::new(backend(&["--modern"]));
+    let pid = start(&up).await;
+    let generation = up.generation();
+    let slow = {
+        let up = up.clone();
+        tokio::spawn(async move {
+            up.call(
+                tool(json!(1), "slow", json!({"ms": 20_000})),
+                within(30_000),
+            )
+            .await
+            .map(|_| ())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let r = tokio::time::timeout(Duration::from_secs(1), slow)
+        .await
+        .expect("error within 1 s")
+        .unwrap();
+    assert!(matches!(r, Err(UpstreamError::Closed(_))), "{r:?}");
+    let echo = call_tool(&up, "echo", json!({"text":"back"}))
+        .await
+        .unwrap();
+    assert_eq!(echo["result"]["content"][0]["text"], "back");
+    assert_eq!(up.generation(), generation + 1);
+    up.shutdown().await;
+}
+
+#[tokio::test]
+async fn dropped_answers_are_cancelled_upstream_with_the_rewritten_id() {
+    let up = backend(&["--modern"]);
+    // A stream dropped after its first progress message.
+    let body = tool_with_token(
+        json!("a"),
+        "progress",
+        json!({"steps": 100, "delay_ms": 50}),
+        json!(1),
+    );
+    let reply = up.call(body, within(10_000)).await.unwrap();
+    let MessageStream::Many(mut stream) = reply.messages else {
+        panic!("progress comes first, so a stream")
+    };
+    assert!(stream.next().await.unwrap().is_ok());
+    drop(stream);
+    // A call dropped before anything arrived (the client went away).
+    let slow = up.call(
+        tool(json!("b"), "slow", json!({"ms": 10_000})),
+        within(10_000),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), slow)
+            .await
+            .is_err()
+    );
+    // Never cancelled: `request` (what initialize uses).
+    let slow = up.request(
+        tool(json!("c"), "slow", json!({"ms": 1_000})),
+        within(10_000),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), slow)
+            .await
+            .is_err()
+    );
+
+    let seen = cancelled(&up).await;
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for c in &seen {
+        assert!(c["id"].is_u64(), "the gateway id, not the client's: {c}");
+        assert_eq!(c["reason"], "the client went away");
+    }
+    up.shutdown().await;
+}
+
+#[tokio::test]
+async fn deadline_gives_timeout_and_cancels_the_request() {
+    let up = backend(&["--modern"]);
+    start(&up).await;
+    let started = Instant::now();
+    let r = up
+        .call(tool(json!("d"), "slow", json!({"ms": 10_000})), within(300))
+        .await;
+    assert!(matches!(r, Err(UpstreamError::Timeout)), "{:?}", r.err());
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Mid-stream: the stream ends with Timeout.
+    let body = tool_with_token(
+        json!("e"),
+        "progress",
+        json!({"steps": 100, "delay_ms": 50}),
+        json!("t"),
+    );
+    let reply = up.call(body, within(400)).await.unwrap();
+    assert!(matches!(collect(reply).await, Err(UpstreamError::Timeout)));
+
+    let seen = cancelled(&up).await;
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen.iter().all(|c| c["reason"] == "the deadline passed"));
+    up.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_oversized_lines_are_skipped() {
+    let up = Arc::new(backend(&["--modern", "--garbage"]));
+    let calls = (0..5).map(|i| {
+        let up = up.clone();
+        tokio::spawn(async move {
+            let r = call_tool(&up, "echo", json!({ "text": format!("g{i}") })).await;
+            (i, r.unwrap())
+        })
+    });
+    for call in futures_util::future::join_all(calls).await {
+        let (i, r) = call.unwrap();
+        assert_eq!(r["result"]["content"][0]["text"], format!("g{i}"), "{r}");
+    }
+    assert!(up.is_up(), "bad output is never fatal");
+    assert_eq!(up.restarts(), 0);
+    up.shutdown().await;
+}
+
+#[tokio::test]
+async fn legacy_server_requests_are_answered_and_errors_map_to_statuses() {
+    let up = backend(&["--legacy"]);
+    let init = msg(
+        json!({"jsonrpc":"2.0","id":"i","method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}),
+    );
+    let reply = up.request(init, within(10_000)).await.unwrap();
+    let init = collect(reply).await.unwrap();
+    assert_eq!(init[0]["result"]["protocolVersion"], "2025-11-25");
+    up.notify(msg(
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    ))
+    .await
+    .unwrap();
+
+    let ping = call_tool(&up, "ping_me", json!({})).await.unwrap();
+    let answer = &ping["result"]["structuredContent"]["answer"];
+    assert_eq!(
+        *answer,
+        json!({"jsonrpc":"2.0","id":"srv-1","result":{}}),
+        "{ping}"
+    );
+
+    let ask = call_tool(&up, "ask", json!({})).await.unwrap();
+    let answer = &ask["result"]["structuredContent"]["answer"];
+    assert_eq!(answer["id"], "srv-2");
+    assert_eq!(answer["error"]["code"], -32601, "{ask}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2026-07-28")
+    );
+
+    // -32601 mirrors to 404, as a modern HTTP server would answer.
+    let discover = msg(json!({"jsonrpc":"2.0","id":5,"method":"server/discover","params":{}}));
+    let reply = up.call(discover, within(5_000)).await.unwrap();
+    assert_eq!(reply.status, 404);
+    let msgs = collect(reply).await.unwrap();
+    assert_eq!(msgs[0]["id"], 5);
+    assert_eq!(msgs[0]["error"]["code"], -32601);
+    up.shutdown().await;
+}
+
+#[tokio::test]
+async fn notifications_are_accepted_and_server_notifications_broadcast() {
+    let up = backend(&["--modern"]);
+    let mut notes = up.subscribe();
+    let reply = up
+        .call(
+            msg(json!({"jsonrpc":"2.0","method":"notifications/x"})),
+            within(1_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 202);
+    assert!(matches!(reply.messages, MessageStream::Empty));
+    call_tool(&up, "list_changed", json!({})).await.unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(2), notes.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let note: Value = serde_json::from_slice(&note).unwrap();
+    assert_eq!(note["method"], "notifications/tools/list_changed");
+    up.shutdown().await;
+}
+
+#[tokio::test]
+async fn starts_lazily_and_leaves_no_process_behind() {
+    let up = backend(&["--modern"]);
+    assert!(!up.is_up() && up.pid().is_none(), "new() spawns nothing");
+    assert_eq!(up.generation(), 1, "the first child will be generation 1");
+    let pid = start(&up).await;
+    assert_eq!(up.generation(), 1);
+    assert!(process_alive(pid));
+    up.shutdown().await;
+    assert!(!up.is_up());
+    assert!(
+        !process_alive(pid),
+        "shutdown waits for the child to be gone"
+    );
+    let r = up
+        .call(tool(json!(1), "echo", json!({})), within(1_000))
+        .await;
+    assert!(matches!(r, Err(UpstreamError::Closed(_))));
+
+    // Dropping the backend (a config reload) also stops its child.
+    let up = backend(&["--modern"]);
+    let pid = start(&up).await;
+    drop(up);
+    let gone = async {
+        while process_alive(pid) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(3), gone)
+        .await
+        .expect("child stopped after drop");
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_is_a_connect_error() {
+    let up = backend_cmd(&["/nonexistent/portico-no-such-server".to_string()]);
+    let started = Instant::now();
+    let r = up
+        .call(tool(json!(1), "echo", json!({})), within(5_000))
+        .await;
+    assert!(matches!(r, Err(UpstreamError::Connect(_))), "{:?}", r.err());
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "refused at once, not after a backoff"
+    );
+    assert!(!up.is_up());
+    up.shutdown().await;
+}
+
+/// Log lines captured from the current thread (the test runtime is single-threaded, so the
+/// actor and its stderr task log here too).
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn stderr_is_logged_with_a_rate_limit() {
+    let logs = Capture::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let up = backend(&["--modern", "--stderr-spam"]);
+    let r = call_tool(&up, "echo", json!({"text":"quiet"}))
+        .await
+        .unwrap();
+    assert_eq!(r["result"]["content"][0]["text"], "quiet");
+    // The suppressed count is reported when the one-second window closes.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    up.shutdown().await;
+
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let shown = text
+        .lines()
+        .filter(|l| l.contains("stdio server stderr") && l.contains("spam line"))
+        .count();
+    assert!(shown > 0 && shown <= 40, "{shown} stderr lines logged");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("suppressed") && l.contains("backend=s")),
+        "{text}"
+    );
+}
