@@ -115,8 +115,9 @@ impl GatewayError {
             | Batch
             | InvalidRequest(_)
             | NoRoute { .. }
-            | SessionNotFound
             | OriginForbidden => code::INVALID_REQUEST,
+            // What the TypeScript SDK sends; legacy clients re-initialize on the 404 itself.
+            SessionNotFound => code::SESSION_NOT_FOUND,
             BadRequest(_) => code::SERVER_ERROR,
             BackendUnreachable { .. }
             | BackendTimeout { .. }

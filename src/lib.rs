@@ -7,6 +7,9 @@
 //! - [`server`]: listener, TLS, hyper, graceful shutdown.
 //! - [`proxy`]: the request pipeline — every phase in order, one exit.
 //! - [`frontend`]: client-facing Streamable HTTP rules, header-first.
+//! - [`bridge`]: initialize-era *backends* made to look modern (probe, sessions, translation).
+//! - [`legacy`]: initialize-era *clients* served on the same endpoints; [`session`] seals their
+//!   session ids.
 //! - [`protocol`]: MCP/JSON-RPC vocabulary and the cheap envelope parser (pure).
 //! - [`router`]: path → backend, per-backend state.
 //! - [`upstream`]: how backends are reached (HTTP pool, stdio child, built-in).
@@ -18,15 +21,19 @@
 #![forbid(unsafe_code)]
 
 pub mod body;
+pub mod bridge;
+pub mod cache;
 pub mod config;
 pub mod demo;
 pub mod error;
 pub mod frontend;
+pub mod legacy;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;
 pub mod router;
 pub mod server;
+pub mod session;
 pub mod sse;
 pub mod upstream;
 
@@ -44,6 +51,8 @@ use router::RouteTable;
 pub struct State {
     pub config: Config,
     pub routes: RouteTable,
+    /// Seals and opens legacy-client session ids.
+    pub sessions: session::Sessions,
     /// Outlives config generations, so counters survive reloads.
     pub metrics: Arc<Metrics>,
 }
@@ -60,11 +69,23 @@ pub enum StartError {
 impl State {
     pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<State, StartError> {
         let routes = RouteTable::build(&config)?;
+        let sessions = session::Sessions::new(&config.sessions);
         Ok(State {
             config,
             routes,
+            sessions,
             metrics,
         })
+    }
+
+    /// Ends upstream legacy sessions (`DELETE`) and stops stdio children.
+    pub async fn shutdown(&self) {
+        for b in self.routes.backends.values() {
+            bridge::close(b).await;
+            if let upstream::Upstream::Stdio(s) = &b.upstream {
+                s.shutdown().await;
+            }
+        }
     }
 
     /// The pipeline's single exit: metrics and the access log line.
@@ -95,6 +116,7 @@ pub async fn run(
     let tls = server::tls_acceptor(&config.server).map_err(StartError::Tls)?;
     let state = State::build(config, metrics)?;
     let shared = Arc::new(ArcSwap::from_pointee(state));
-    server::serve(shared, listener, tls, shutdown).await;
+    server::serve(shared.clone(), listener, tls, shutdown).await;
+    shared.load().shutdown().await;
     Ok(())
 }

@@ -50,6 +50,8 @@ pub mod code {
     pub const UNSUPPORTED_VERSION: i64 = -32022;
     /// Implementation-defined server error; what the SDKs use for transport-level refusals.
     pub const SERVER_ERROR: i64 = -32000;
+    /// Legacy "session not found" (TypeScript SDK).
+    pub const SESSION_NOT_FOUND: i64 = -32001;
 }
 
 /// The methods portico knows by name. Anything else is `"other"` in metrics, so a client can
@@ -371,18 +373,18 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     if env.method == "initialize" {
         env.init_version = p.protocol_version.and_then(json_string);
     }
-    if let Some(meta) = p.meta {
-        if first_byte(meta.get().as_bytes()) == Some(b'{') {
-            env.has_meta = true;
-            let m: RawMeta = serde_json::from_str(meta.get())
-                .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
-            env.protocol_version = m.protocol_version.and_then(json_string);
-            env.client_capabilities = m
-                .client_capabilities
-                .filter(|c| first_byte(c.get().as_bytes()) == Some(b'{'))
-                .map(|c| c.get().to_string());
-            env.has_progress_token = m.progress_token.is_some_and(|t| t.get() != "null");
-        }
+    if let Some(meta) = p.meta
+        && first_byte(meta.get().as_bytes()) == Some(b'{')
+    {
+        env.has_meta = true;
+        let m: RawMeta = serde_json::from_str(meta.get())
+            .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
+        env.protocol_version = m.protocol_version.and_then(json_string);
+        env.client_capabilities = m
+            .client_capabilities
+            .filter(|c| first_byte(c.get().as_bytes()) == Some(b'{'))
+            .map(|c| c.get().to_string());
+        env.has_progress_token = m.progress_token.is_some_and(|t| t.get() != "null");
     }
     Ok(env)
 }

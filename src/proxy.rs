@@ -19,8 +19,10 @@ use tokio::time::Instant;
 
 use crate::State;
 use crate::body::{Body, sse_event};
+use crate::bridge;
 use crate::error::GatewayError;
 use crate::frontend::{self, Era, Head, ModernHead};
+use crate::legacy;
 use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, first_byte, header as h};
 use crate::router::{Backend, Route, Verdict};
 use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, http::is_event_stream};
@@ -92,20 +94,21 @@ async fn handle_inner(
 ) -> Result<Response<Body>, GatewayError> {
     let (parts, body) = req.into_parts();
     // 1. route
+    let path = parts.uri.path();
     let route = state
         .routes
         .routes
-        .get(parts.uri.path())
+        .get(path)
         .ok_or_else(|| GatewayError::NoRoute {
-            path: parts.uri.path().to_string(),
+            path: path.to_string(),
         })?;
-    let backend = match route {
-        Route::Backend(b) => b,
-    };
+    let Route::Backend(backend) = route;
     ctx.route = Some(backend.name.clone());
     // 2. front-end rules
-    if parts.method != Method::POST {
-        return Err(GatewayError::MethodNotAllowed);
+    match parts.method {
+        Method::POST => {}
+        Method::DELETE => return legacy::delete(state, path, &parts.headers),
+        _ => return Err(GatewayError::MethodNotAllowed),
     }
     frontend::check_origin(&parts.headers, &state.config.server.allowed_origins)?;
     let body =
@@ -118,9 +121,7 @@ async fn handle_inner(
     ctx.era = Some(era);
     match era {
         Era::Modern => modern(state, ctx, backend, &parts.headers, head, body).await,
-        Era::Legacy => Err(GatewayError::BadRequest(
-            "initialize-era clients are not served on this endpoint yet".into(),
-        )),
+        Era::Legacy => legacy::serve(state, ctx, path, backend, &parts.headers, head, body).await,
     }
 }
 
@@ -137,7 +138,9 @@ async fn modern(
     let mh = frontend::check_modern_head(&head)?;
     ctx.method = mh.method.clone();
     let deadline = Instant::now() + backend.timeout;
-    if let Upstream::Http(up) = &backend.upstream
+    let verdict = bridge::ensure_verdict(backend).await?;
+    if verdict == Verdict::Modern
+        && let Upstream::Http(up) = &backend.upstream
         && can_pass_through(state, backend, &mh)
     {
         // Cheap checks that need no parse: one object per POST.
@@ -152,8 +155,22 @@ async fn modern(
             .exchange(req, deadline)
             .await
             .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
-        let (parts, relay) = up.relay(ex, deadline, body);
-        return Ok(relay_response(parts, Body::Relay(relay)));
+        let status = ex.response.status();
+        let (parts, relay) = up.relay(ex, deadline, body.clone());
+        if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
+            return Ok(relay_response(parts, Body::Relay(relay)));
+        }
+        // A refusal. If it does not look like a modern server's, the backend has changed
+        // under us (e.g. redeployed as a legacy server): re-probe and take the bridge.
+        let refusal = read_small(relay).await;
+        if backend.cfg.protocol != crate::config::Protocol::Auto
+            || bridge::classify_http(status.as_u16(), std::slice::from_ref(&refusal))
+                != bridge::Classification::Legacy
+        {
+            return Ok(relay_response(parts, Body::full(refusal)));
+        }
+        bridge::reprobe(backend, "a modern request was refused in legacy fashion");
+        ctx.passthrough = false;
     }
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
     ctx.id = env.id.clone();
@@ -161,44 +178,61 @@ async fn modern(
         ctx.method = Some(env.method.clone());
     }
     frontend::verify_modern(&head, &mh, &env)?;
-    dispatch(state, ctx, backend, headers, env, body, deadline).await
+    let reply = answer(state, ctx, backend, headers, &env, body, deadline).await?;
+    Ok(render(reply, env.id.as_ref(), backend).await)
 }
 
-/// Pass-through is allowed when nothing portico does depends on the body: a backend known (or
-/// configured) to speak 2026-07-28 validates the headers itself.
+/// Reads a (small) relayed body into memory; used only for refusals.
+async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(relay, 64 * 1024)
+        .collect()
+        .await
+    {
+        Ok(c) => c.to_bytes(),
+        Err(_) => Bytes::new(),
+    }
+}
+
+/// Pass-through is allowed when nothing portico does depends on the body: a backend known to
+/// speak 2026-07-28 validates the headers itself.
 fn can_pass_through(_state: &State, backend: &Backend, mh: &ModernHead) -> bool {
     !mh.unknown_version
         && mh.method.is_some()
         && backend.cfg.verify_body == crate::config::VerifyBody::Auto
-        // Until the legacy bridge probes backends, `auto` HTTP backends are assumed modern.
-        && backend.verdict() != Verdict::Legacy
 }
 
-/// 5. dispatch: the one `match` on the method for requests portico reads.
-async fn dispatch(
+/// Step 5, dispatch: the one `match` on the method, for every request portico reads (modern
+/// clients, and legacy clients after translation). Returns decoded messages for `render`.
+pub async fn answer(
     _state: &State,
     _ctx: &mut RequestCtx,
     backend: &Arc<Backend>,
     headers: &http::HeaderMap,
-    env: Envelope,
+    env: &Envelope,
     body: Bytes,
     deadline: Instant,
-) -> Result<Response<Body>, GatewayError> {
-    match (env.kind, env.method.as_str()) {
-        (Kind::Notification, _) => {
-            // The core defines no client notifications over HTTP; extension notifications go
-            // to the backend, which answers 202.
-            let reply = forward(backend, headers, &env, body, deadline).await?;
-            Ok(render(reply, env.id.as_ref(), backend).await)
+) -> Result<Reply, GatewayError> {
+    let verdict = bridge::ensure_verdict(backend).await?;
+    match (env.kind, verdict) {
+        // Legacy backends: translated and multiplexed over the upstream session.
+        (_, Verdict::Legacy) => {
+            bridge::call(
+                backend,
+                &env.method,
+                env.id.as_ref(),
+                &body,
+                headers,
+                deadline,
+            )
+            .await
         }
-        (_, _) => {
-            let reply = forward(backend, headers, &env, body, deadline).await?;
-            Ok(render(reply, env.id.as_ref(), backend).await)
-        }
+        // Modern backends, on the message path.
+        _ => forward(backend, headers, env, body, deadline).await,
     }
 }
 
-/// Sends a modern message to the backend on the message path.
+/// Sends a modern message to a modern backend on the message path.
 async fn forward(
     backend: &Backend,
     headers: &http::HeaderMap,
@@ -259,7 +293,7 @@ fn relay_response(parts: http::response::Parts, body: Body) -> Response<Body> {
     resp
 }
 
-fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
     let mut resp = Response::new(Body::full(body));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
@@ -269,7 +303,7 @@ fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
     resp
 }
 
-/// 6. render: decoded messages → HTTP. A single answer goes back as JSON; when notifications
+/// Step 6, render: decoded messages → HTTP. A single answer goes back as JSON; when notifications
 /// come first (progress), the answer becomes an SSE stream that relays each message as it
 /// arrives. Dropping the stream (client gone) drops the upstream side too.
 pub async fn render(reply: Reply, id: Option<&RequestId>, backend: &Backend) -> Response<Body> {

@@ -28,6 +28,8 @@ pub struct Backend {
     /// Probe verdict, shared by every request (an atomic: read on the hot path, written rarely).
     verdict: AtomicU8,
     pub timeout: Duration,
+    /// Legacy-bridge state: probe lock and the upstream session.
+    pub bridge: crate::bridge::BridgeState,
 }
 
 impl Backend {
@@ -98,6 +100,7 @@ impl RouteTable {
                 upstream,
                 verdict: AtomicU8::new(verdict as u8),
                 timeout: Duration::from_millis(cfg.timeout_ms),
+                bridge: Default::default(),
             });
             routes.insert(
                 format!("/mcp/{}", cfg.name),

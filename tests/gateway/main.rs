@@ -6,3 +6,5 @@
 mod common;
 mod core;
 mod interop;
+mod legacy;
+mod stdio;

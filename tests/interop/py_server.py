@@ -8,7 +8,8 @@ and the initialize era (2024-11-05 .. 2025-11-25, `Mcp-Session-Id`).
   --json-response          HTTP: legacy era answers with application/json instead of SSE
   --ttl-ms N               cache hint ttlMs on discover/list/read results (default 60000)
   --cache-scope S          public|private (default public)
-  --host H                 bind address (default 127.0.0.1); the port is always picked by the OS
+  --host H                 bind address (default 127.0.0.1)
+  --port P                 port (default 0: picked by the OS)
 
 HTTP prints exactly one line `LISTENING <port>` on stdout once it accepts connections.
 All logging goes to stderr. See README.md for the tool list.
@@ -210,14 +211,14 @@ def wrap_app(app: Any) -> Any:
     return wrapped
 
 
-async def serve_http(mcp: MCPServer, host: str, json_response: bool) -> None:
+async def serve_http(mcp: MCPServer, host: str, json_response: bool, port: int = 0) -> None:
     import uvicorn
 
     app = wrap_app(mcp.streamable_http_app(streamable_http_path="/mcp", json_response=json_response, host=host))
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    sock.bind((host, port))
     sock.listen(128)
     sock.set_inheritable(True)
     port = sock.getsockname()[1]
@@ -253,6 +254,7 @@ def main() -> None:
     p.add_argument("--ttl-ms", type=int, default=60000)
     p.add_argument("--cache-scope", choices=["public", "private"], default="public")
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = picked by the OS")
     args = p.parse_args()
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="py_server %(levelname)s %(name)s: %(message)s")
@@ -261,7 +263,7 @@ def main() -> None:
         anyio.run(mcp.run_stdio_async)
     else:
         try:
-            anyio.run(serve_http, mcp, args.host, args.json_response)
+            anyio.run(serve_http, mcp, args.host, args.json_response, args.port)
         except KeyboardInterrupt:
             pass
 

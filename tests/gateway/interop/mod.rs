@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 mod core;
+mod legacy;
 
 use serde_json::Value;
 use std::path::PathBuf;

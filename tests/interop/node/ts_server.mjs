@@ -4,7 +4,8 @@
 //   --transport http|stdio   default http; HTTP serves POST/GET/DELETE /mcp and GET /stats
 //   --json                   enableJsonResponse: true (JSON bodies instead of SSE; progress is then dropped)
 //   --stateless              sessionIdGenerator: undefined, a fresh server+transport per request
-//   --host H                 bind address (default 127.0.0.1); port is picked by the OS
+//   --host H                 bind address (default 127.0.0.1)
+//   --port P                 port (default 0: picked by the OS; a fixed one lets a test restart the server in place)
 //   --ttl-ms N, --cache-scope S   accepted and ignored (the v1 SDK is initialize-era only)
 //
 // HTTP prints exactly one line `LISTENING <port>` on stdout once listening. Logs go to stderr.
@@ -23,6 +24,7 @@ const { values: opts } = parseArgs({
     json: { type: 'boolean', default: false },
     stateless: { type: 'boolean', default: false },
     host: { type: 'string', default: '127.0.0.1' },
+    port: { type: 'string', default: '0' },
     'ttl-ms': { type: 'string' },
     'cache-scope': { type: 'string' },
   },
@@ -228,7 +230,7 @@ async function runHttp() {
       if (!res.headersSent) sendJson(res, 500, { jsonrpc: '2.0', error: { code: -32603, message: 'Internal server error' }, id: null });
     }
   });
-  httpServer.listen(0, opts.host, () => {
+  httpServer.listen(Number(opts.port), opts.host, () => {
     process.stdout.write(`LISTENING ${httpServer.address().port}\n`);
     log(`listening on ${opts.host}:${httpServer.address().port} (json=${opts.json} stateless=${opts.stateless})`);
   });

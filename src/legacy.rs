@@ -1,0 +1,357 @@
+//! Initialize-era clients (2025-03-26 … 2025-11-25) on the same endpoints as 2026-07-28 ones.
+//!
+//! portico answers `initialize` itself: it negotiates the revision the client asks for (or
+//! counter-offers 2025-11-25), describes the backend from its `server/discover` (through the
+//! cache like any discover), and mints a sealed session id (`session`). Every later request is
+//! translated into 2026-07-28 form — `_meta` filled from the session — and goes through the
+//! same dispatch as a modern request, whatever the backend speaks; the answer is translated
+//! back into the shape the client's revision expects.
+//!
+//! What legacy clients do not get: the GET stream (405, which the spec allows), server-initiated
+//! requests, and `input_required` results (refused with an error naming the reason).
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use crate::State;
+use crate::body::Body;
+use crate::error::GatewayError;
+use crate::frontend::{self, Head};
+use crate::protocol::{
+    self, Kind, LATEST_VERSION, LEGACY_VERSIONS, RequestId, code, header as h, meta,
+};
+use crate::proxy::{RequestCtx, answer, json_response, render};
+use crate::router::Backend;
+use crate::session::SessionData;
+use crate::upstream::{MessageStream, Reply};
+
+/// Serves one POST from an initialize-era client.
+pub async fn serve(
+    state: &State,
+    ctx: &mut RequestCtx,
+    path: &str,
+    backend: &Arc<Backend>,
+    headers: &HeaderMap,
+    head: Head,
+    body: Bytes,
+) -> Result<Response<Body>, GatewayError> {
+    let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
+    ctx.id = env.id.clone();
+    ctx.method = Some(env.method.clone());
+    let deadline = Instant::now() + backend.timeout;
+    if env.kind == Kind::Request && env.method == "initialize" {
+        return initialize(
+            state,
+            ctx,
+            path,
+            backend,
+            headers,
+            &body,
+            env.id.as_ref(),
+            deadline,
+        )
+        .await;
+    }
+    let Some(sid) = &head.session else {
+        return Err(GatewayError::BadRequest(
+            "Mcp-Session-Id header is required: start the session with initialize".into(),
+        ));
+    };
+    let session = state
+        .sessions
+        .open(sid, path)
+        .ok_or(GatewayError::SessionNotFound)?;
+    if let Some(v) = &head.version
+        && *v != session.v
+    {
+        return Err(GatewayError::BadRequest(format!(
+            "Unsupported protocol version: {v} (this session negotiated {})",
+            session.v
+        )));
+    }
+    let Some(id) = env.id.clone() else {
+        // notifications/initialized, cancelled, or answers to server requests (portico sends
+        // none): accepted.
+        return Ok(accepted());
+    };
+    match env.method.as_str() {
+        "ping" => return Ok(result(&id, json!({}))),
+        // Session-wide log levels have no 2026 equivalent shared across requests; accepted so
+        // clients that set one keep working.
+        "logging/setLevel" => return Ok(result(&id, json!({}))),
+        "resources/subscribe" | "resources/unsubscribe" | "subscriptions/listen" => {
+            return Err(GatewayError::MethodNotFound(env.method.clone()));
+        }
+        _ => {}
+    }
+    let modern_body = modernize(&body, &session)?;
+    let modern_env = protocol::parse_envelope(&modern_body).map_err(frontend::envelope_error)?;
+    let reply = answer(
+        state,
+        ctx,
+        backend,
+        headers,
+        &modern_env,
+        modern_body,
+        deadline,
+    )
+    .await?;
+    Ok(render(legacy_reply(reply, &env.method), Some(&id), backend).await)
+}
+
+/// `DELETE` with a session id ends the session. Ids are self-contained, so there is nothing to
+/// forget; the client is told it worked when the id is ours.
+pub fn delete(
+    state: &State,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Response<Body>, GatewayError> {
+    let head = Head::read(headers);
+    let Some(sid) = head.session else {
+        return Err(GatewayError::MethodNotAllowed);
+    };
+    state
+        .sessions
+        .open(&sid, path)
+        .ok_or(GatewayError::SessionNotFound)?;
+    let mut resp = Response::new(Body::Empty);
+    *resp.status_mut() = StatusCode::OK;
+    Ok(resp)
+}
+
+fn accepted() -> Response<Body> {
+    let mut resp = Response::new(Body::Empty);
+    *resp.status_mut() = StatusCode::ACCEPTED;
+    resp
+}
+
+fn result(id: &RequestId, result: Value) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        Bytes::from(json!({"jsonrpc":"2.0","id":id.to_value(),"result":result}).to_string()),
+    )
+}
+
+/// Picks the revision: the client's when portico speaks it, else the newest legacy one.
+pub fn negotiate(asked: Option<&str>) -> &'static str {
+    LEGACY_VERSIONS
+        .iter()
+        .find(|v| Some(**v) == asked)
+        .copied()
+        .unwrap_or(LEGACY_VERSIONS[0])
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn initialize(
+    state: &State,
+    ctx: &mut RequestCtx,
+    path: &str,
+    backend: &Arc<Backend>,
+    headers: &HeaderMap,
+    body: &[u8],
+    id: Option<&RequestId>,
+    deadline: Instant,
+) -> Result<Response<Body>, GatewayError> {
+    let id = id.ok_or_else(|| GatewayError::InvalidRequest("initialize needs an id".into()))?;
+    let v: Value = serde_json::from_slice(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+    let params = &v["params"];
+    let version = negotiate(params["protocolVersion"].as_str());
+    let caps = match &params["capabilities"] {
+        Value::Object(_) => params["capabilities"].clone(),
+        _ => json!({}),
+    };
+    let info = params.get("clientInfo").filter(|i| i.is_object()).cloned();
+    let session = state.sessions.data(version, caps, info, path);
+    // Describe the backend from its discover result (cached like any other discover).
+    let discover = modernize(
+        br#"{"jsonrpc":"2.0","id":"portico-initialize","method":"server/discover","params":{}}"#,
+        &session,
+    )?;
+    let env = protocol::parse_envelope(&discover).map_err(frontend::envelope_error)?;
+    let reply = answer(state, ctx, backend, headers, &env, discover, deadline).await?;
+    let found = first_response(reply).await?;
+    if let Some(err) = found.get("error") {
+        return Err(GatewayError::BackendFailed {
+            backend: backend.name.to_string(),
+            detail: format!("server/discover failed: {}", err["message"]),
+        });
+    }
+    let d = &found["result"];
+    let mut capabilities = d.get("capabilities").cloned().unwrap_or(json!({}));
+    // No GET stream here, so no resource subscriptions.
+    if let Some(r) = capabilities
+        .get_mut("resources")
+        .and_then(Value::as_object_mut)
+    {
+        r.remove("subscribe");
+    }
+    let server_info = d["_meta"][meta::SERVER_INFO].clone();
+    let server_info = if server_info.is_object() {
+        server_info
+    } else {
+        json!({"name": backend.name.as_ref(), "version": "unknown"})
+    };
+    let mut init = json!({
+        "protocolVersion": version,
+        "capabilities": capabilities,
+        "serverInfo": server_info,
+    });
+    if let Some(i) = d.get("instructions") {
+        init["instructions"] = i.clone();
+    }
+    let sid = state.sessions.mint(&session);
+    let mut resp = result(id, init);
+    if let Ok(v) = HeaderValue::from_str(&sid) {
+        resp.headers_mut()
+            .insert(HeaderName::from_static(h::SESSION_ID), v);
+    }
+    Ok(resp)
+}
+
+/// The first JSON-RPC response of a reply, as a value.
+async fn first_response(reply: Reply) -> Result<Value, GatewayError> {
+    let mut messages = match reply.messages {
+        MessageStream::One(m) => futures_util::stream::iter(vec![Ok(m)]).boxed(),
+        MessageStream::Many(s) => s,
+        MessageStream::Empty => futures_util::stream::empty().boxed(),
+    };
+    while let Some(m) = messages.next().await {
+        let m = m.map_err(|e| GatewayError::BackendFailed {
+            backend: "backend".into(),
+            detail: e.to_string(),
+        })?;
+        if let Ok(v) = serde_json::from_slice::<Value>(&m)
+            && (v.get("result").is_some() || v.get("error").is_some())
+        {
+            return Ok(v);
+        }
+    }
+    Err(GatewayError::Internal(
+        "no answer to server/discover".into(),
+    ))
+}
+
+/// Legacy request → 2026-07-28 request: the session supplies `_meta`'s required keys.
+fn modernize(body: &[u8], s: &SessionData) -> Result<Bytes, GatewayError> {
+    let mut v: Value =
+        serde_json::from_slice(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| GatewayError::InvalidRequest("not an object".into()))?;
+    let params = obj.entry("params").or_insert_with(|| json!({}));
+    if !params.is_object() {
+        *params = json!({});
+    }
+    let m = params
+        .as_object_mut()
+        .map(|p| p.entry("_meta").or_insert_with(|| json!({})));
+    if let Some(m) = m {
+        if !m.is_object() {
+            *m = json!({});
+        }
+        m[meta::PROTOCOL_VERSION] = json!(LATEST_VERSION);
+        m[meta::CLIENT_CAPABILITIES] = s.caps.clone();
+        if let Some(info) = &s.info {
+            m[meta::CLIENT_INFO] = info.clone();
+        }
+    }
+    Ok(Bytes::from(v.to_string()))
+}
+
+/// 2026 answer → the shape an initialize-era client expects.
+fn legacy_reply(reply: Reply, method: &str) -> Reply {
+    let method = method.to_string();
+    let status = reply.status;
+    let messages = match reply.messages {
+        MessageStream::Empty => MessageStream::Empty,
+        MessageStream::One(m) => MessageStream::One(legacy_message(&m, &method)),
+        MessageStream::Many(s) => MessageStream::Many(Box::pin(
+            s.map(move |m| m.map(|m| legacy_message(&m, &method))),
+        )),
+    };
+    Reply {
+        status,
+        headers: HeaderMap::new(),
+        messages,
+    }
+}
+
+/// Translates one message: 2026-only result fields go; `input_required` (which a legacy client
+/// cannot act on) becomes an error; resource-not-found returns to `-32002`.
+pub fn legacy_message(msg: &[u8], method: &str) -> Bytes {
+    let Ok(mut v) = serde_json::from_slice::<Value>(msg) else {
+        return Bytes::copy_from_slice(msg);
+    };
+    let mut changed = false;
+    if let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) {
+        if result.get("resultType").and_then(Value::as_str) == Some("input_required") {
+            let id = v.get("id").cloned().unwrap_or(Value::Null);
+            return Bytes::from(
+                json!({"jsonrpc":"2.0","id":id,"error":{"code":code::INVALID_REQUEST,
+                    "message":"the server needs more input (input_required), which initialize-era clients cannot provide through portico; use a 2026-07-28 client"}})
+                .to_string(),
+            );
+        }
+        for k in ["resultType", "ttlMs", "cacheScope"] {
+            changed |= result.remove(k).is_some();
+        }
+    } else if let Some(err) = v.get_mut("error").and_then(Value::as_object_mut)
+        && method == "resources/read"
+        && err.get("code").and_then(Value::as_i64) == Some(code::INVALID_PARAMS)
+        && err.get("data").and_then(|d| d.get("uri")).is_some()
+    {
+        err.insert("code".into(), json!(code::LEGACY_RESOURCE_NOT_FOUND));
+        changed = true;
+    }
+    if changed {
+        Bytes::from(v.to_string())
+    } else {
+        Bytes::copy_from_slice(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation() {
+        assert_eq!(negotiate(Some("2025-06-18")), "2025-06-18");
+        assert_eq!(negotiate(Some("2025-03-26")), "2025-03-26");
+        assert_eq!(negotiate(Some("2024-11-05")), "2025-11-25");
+        assert_eq!(negotiate(Some("2099-01-01")), "2025-11-25");
+        assert_eq!(negotiate(None), "2025-11-25");
+    }
+
+    #[test]
+    fn answers_take_the_legacy_shape() {
+        let out = legacy_message(
+            br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","ttlMs":5,"cacheScope":"public","tools":[]}}"#,
+            "tools/list",
+        );
+        assert_eq!(
+            serde_json::from_slice::<Value>(&out).unwrap(),
+            json!({"jsonrpc":"2.0","id":1,"result":{"tools":[]}})
+        );
+        let out = legacy_message(
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"Resource not found","data":{"uri":"x://y"}}}"#,
+            "resources/read",
+        );
+        assert_eq!(
+            serde_json::from_slice::<Value>(&out).unwrap()["error"]["code"],
+            -32002
+        );
+        let out = legacy_message(
+            br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{}}}"#,
+            "tools/call",
+        );
+        assert_eq!(
+            serde_json::from_slice::<Value>(&out).unwrap()["error"]["code"],
+            -32600
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! Legacy-client sessions that any replica can serve.
+//!
+//! An initialize-era client gets an `Mcp-Session-Id` that *is* its session: the negotiated
+//! revision, its declared capabilities and clientInfo, the endpoint it belongs to, and an
+//! expiry, sealed with ChaCha20-Poly1305 under `[sessions] key`. No server-side store, so any
+//! portico process with the same key serves any session, and a restart loses nothing.
+//!
+//! The key is used directly (32 bytes given as base64 or hex) or, for a passphrase, derived once
+//! at startup with SHA-256 — never per request: unlike gateways that run PBKDF2 on every new
+//! session, opening a session costs one AEAD decryption (~1 µs).
+//!
+//! A tampered, expired or foreign id fails to open, and the client gets 404 so it starts over
+//! with `initialize`, as the spec says.
+
+use base64::Engine;
+use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::config::SessionsConfig;
+
+/// Binds ciphertexts to this purpose and format version.
+const AAD: &[u8] = b"portico-session-v1";
+/// Prefix that marks a portico session id (and its format version).
+const PREFIX: &str = "p1.";
+
+/// What a session id carries.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SessionData {
+    /// Negotiated initialize-era revision.
+    pub v: String,
+    /// The client's declared capabilities (sent as `_meta` clientCapabilities upstream).
+    pub caps: Value,
+    /// The client's clientInfo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<Value>,
+    /// The endpoint path the session was opened on.
+    pub path: String,
+    /// Expiry, milliseconds since the Unix epoch.
+    pub exp: u64,
+}
+
+pub struct Sessions {
+    key: LessSafeKey,
+    rng: SystemRandom,
+    pub ttl: Duration,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Turns the configured key text into 32 key bytes.
+fn key_bytes(text: &str) -> [u8; 32] {
+    let t = text.trim();
+    for decoded in [
+        base64::engine::general_purpose::STANDARD.decode(t).ok(),
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(t)
+            .ok(),
+        hex(t),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Ok(k) = <[u8; 32]>::try_from(decoded.as_slice()) {
+            return k;
+        }
+    }
+    // A passphrase: stretch it once, here, at startup.
+    let d = ring::digest::digest(&ring::digest::SHA256, t.as_bytes());
+    let mut k = [0u8; 32];
+    k.copy_from_slice(d.as_ref());
+    k
+}
+
+fn hex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Sessions {
+    /// Builds the sealer from config; without a key, a random one (sessions then survive
+    /// neither a restart nor a second replica — logged as a warning).
+    pub fn new(cfg: &SessionsConfig) -> Sessions {
+        let rng = SystemRandom::new();
+        let bytes = match &cfg.key {
+            Some(k) => key_bytes(k),
+            None => {
+                tracing::warn!(
+                    "no [sessions] key configured: generated a random one; legacy-client sessions \
+                     will not survive a restart or move between replicas"
+                );
+                let mut k = [0u8; 32];
+                if rng.fill(&mut k).is_err() {
+                    // The OS RNG is unavailable; fall back to a time-derived key rather than
+                    // refusing to start (sessions stay tamper-evident, just predictable-keyed).
+                    let d = ring::digest::digest(&ring::digest::SHA256, &now_ms().to_le_bytes());
+                    k.copy_from_slice(d.as_ref());
+                }
+                k
+            }
+        };
+        let key = LessSafeKey::new(
+            UnboundKey::new(&CHACHA20_POLY1305, &bytes).expect("32-byte key for ChaCha20-Poly1305"),
+        );
+        Sessions {
+            key,
+            rng,
+            ttl: Duration::from_millis(cfg.ttl_ms),
+        }
+    }
+
+    /// Seals session data into an id (visible ASCII, as the spec requires).
+    pub fn mint(&self, data: &SessionData) -> String {
+        let mut nonce = [0u8; NONCE_LEN];
+        if self.rng.fill(&mut nonce).is_err() {
+            let t = now_ms().to_le_bytes();
+            nonce[..8].copy_from_slice(&t);
+        }
+        let mut buf = serde_json::to_vec(data).unwrap_or_default();
+        if self
+            .key
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(AAD),
+                &mut buf,
+            )
+            .is_err()
+        {
+            return String::new();
+        }
+        let mut out = Vec::with_capacity(NONCE_LEN + buf.len());
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&buf);
+        format!(
+            "{PREFIX}{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(out)
+        )
+    }
+
+    /// New session data for a client that just initialized on `path`.
+    pub fn data(&self, version: &str, caps: Value, info: Option<Value>, path: &str) -> SessionData {
+        SessionData {
+            v: version.to_string(),
+            caps,
+            info,
+            path: path.to_string(),
+            exp: now_ms().saturating_add(self.ttl.as_millis() as u64),
+        }
+    }
+
+    /// Opens an id: `None` when it was tampered with, sealed under another key, expired, or
+    /// minted for another endpoint.
+    pub fn open(&self, id: &str, path: &str) -> Option<SessionData> {
+        self.open_at(id, path, now_ms())
+    }
+
+    pub fn open_at(&self, id: &str, path: &str, now: u64) -> Option<SessionData> {
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(id.strip_prefix(PREFIX)?)
+            .ok()?;
+        if raw.len() < NONCE_LEN {
+            return None;
+        }
+        let (nonce, sealed) = raw.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut sealed = sealed.to_vec();
+        let plain = self
+            .key
+            .open_in_place(nonce, Aad::from(AAD), &mut sealed)
+            .ok()?;
+        let data: SessionData = serde_json::from_slice(plain).ok()?;
+        (data.exp > now && data.path == path).then_some(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sessions(key: &str) -> Sessions {
+        Sessions::new(&SessionsConfig {
+            key: Some(key.into()),
+            ttl_ms: 60_000,
+        })
+    }
+
+    #[test]
+    fn round_trip_and_rejections() {
+        let s = sessions("correct horse battery staple");
+        let d = s.data(
+            "2025-06-18",
+            json!({"roots":{}}),
+            Some(json!({"name":"c"})),
+            "/mcp/a",
+        );
+        let id = s.mint(&d);
+        assert!(
+            id.bytes().all(|b| (0x21..=0x7e).contains(&b)),
+            "visible ASCII"
+        );
+        assert_eq!(s.open(&id, "/mcp/a"), Some(d.clone()));
+        // Another replica with the same key.
+        assert_eq!(
+            sessions("correct horse battery staple").open(&id, "/mcp/a"),
+            Some(d.clone())
+        );
+        // Foreign key, other endpoint, expiry, tampering, garbage.
+        assert_eq!(sessions("other").open(&id, "/mcp/a"), None);
+        assert_eq!(s.open(&id, "/mcp/b"), None);
+        assert_eq!(s.open_at(&id, "/mcp/a", d.exp + 1), None);
+        let mut bytes = id.clone().into_bytes();
+        let i = bytes.len() / 2;
+        bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
+        assert_eq!(s.open(&String::from_utf8(bytes).unwrap(), "/mcp/a"), None);
+        for junk in ["", "p1.", "p1.!!", "x", "p1.AAAA"] {
+            assert_eq!(s.open(junk, "/mcp/a"), None, "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn keys_from_base64_hex_or_passphrase() {
+        let b64 = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+        let hexed: String = [7u8; 32].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(key_bytes(&b64), [7u8; 32]);
+        assert_eq!(key_bytes(&hexed), [7u8; 32]);
+        assert_ne!(key_bytes("passphrase"), [0u8; 32]);
+        let a = sessions(&b64);
+        let id = a.mint(&a.data("2025-11-25", json!({}), None, "/p"));
+        assert!(sessions(&hexed).open(&id, "/p").is_some());
+    }
+}
