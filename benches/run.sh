@@ -1,0 +1,669 @@
+#!/usr/bin/env bash
+# portico's one-command benchmark: a fast in-repo MCP backend, nginx as a plain reverse proxy,
+# and portico in several configurations, each driven by wrk at several concurrencies, rounds
+# interleaved. Prints a markdown report and writes it to benches/results/latest.md.
+#
+#   benches/run.sh                      # default: 3 rounds x 5 s, c = 1 16 64 (~6 min max)
+#   QUICK=1 benches/run.sh              # smoke test: 1 round x 2 s
+#   TARGETS="direct nginx portico" CONCURRENCY=16 benches/run.sh
+#
+# Every knob is an environment variable; see benches/README.md or the block below.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCHES=$ROOT/benches
+
+# ---------------------------------------------------------------- knobs
+QUICK=${QUICK:-0}
+if [[ $QUICK == 1 ]]; then _rounds=1 _duration=2; else _rounds=3 _duration=5; fi
+ROUNDS=${ROUNDS:-$_rounds}                 # measured rounds per (target, concurrency)
+DURATION=${DURATION:-$_duration}           # seconds per measurement
+WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
+CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
+DEFAULT_TARGETS="direct nginx portico portico-verify portico-cache portico-agg portico-legacy"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-list portico-verify portico-cache portico-agg portico-legacy"
+TARGETS=${TARGETS:-$DEFAULT_TARGETS}
+[[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
+WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
+BACKEND_WORKERS=${BACKEND_WORKERS:-1}      # bench backend runtime threads (1 = current_thread)
+PIN=${PIN:-1}                              # 0: no taskset at all
+SERVER_CPUS=${SERVER_CPUS:-0}              # backend, nginx and portico run here
+LOADGEN_CPUS=${LOADGEN_CPUS:-1}            # wrk runs here
+LOADGEN_THREADS=${LOADGEN_THREADS:-}       # wrk -t (default: number of LOADGEN_CPUS; never > c)
+ACCESS_LOG=${ACCESS_LOG:-0}                # 1: portico [log] access = true (to a file)
+AGG_CACHE=${AGG_CACHE:-0}                  # 1: [cache] enabled in the aggregation instance
+WRK_TIMEOUT=${WRK_TIMEOUT:-2s}             # wrk --timeout: slower answers count as errors
+BUSY_MARK=${BUSY_MARK:-10}                 # flag measurements where other processes used >= this % of a CPU
+BUSY_RETRIES=${BUSY_RETRIES:-1}            # repeat such a measurement up to this many times...
+MAX_RETRIES=${MAX_RETRIES:-12}             # ...and no more than this many repeats in the whole run
+NO_BUILD=${NO_BUILD:-0}                    # 1: use existing binaries
+RESULTS_DIR=${RESULTS_DIR:-$BENCHES/results}
+KEEP_TMP=${KEEP_TMP:-0}                    # 1: keep configs and logs of the run
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+PORTICO_BIN=${PORTICO_BIN:-$TARGET_DIR/release/portico}
+BACKEND_BIN=${BACKEND_BIN:-$TARGET_DIR/release/examples/bench_backend}
+
+say() { printf '%s\n' "$*" >&2; }
+die() { say "run.sh: $*"; exit 1; }
+
+# ---------------------------------------------------------------- targets
+# target -> which server answers it, and which MCP method the load sends.
+declare -A T_SERVER=(
+    [direct]=b1 [direct-list]=b1 [nginx]=nginx [nginx-list]=nginx
+    [portico]=pass [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
+    [portico-agg]=agg [portico-legacy]=legacy
+)
+declare -A T_METHOD=(
+    [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
+    [portico]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
+    [portico-cache]=tools/list [portico-agg]=tools/list [portico-legacy]=tools/call
+)
+declare -A T_PATH=(
+    [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
+    [portico]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
+    [portico-cache]=/mcp/bench [portico-agg]=/mcp [portico-legacy]=/mcp/legacy
+)
+# The backend whose /stats must move when the target is probed (cache: must not move).
+declare -A T_BACKEND=(
+    [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-list]=b1
+    [portico-verify]=b1 [portico-cache]=b1 [portico-agg]=b2 [portico-legacy]=bl
+)
+for t in $TARGETS; do
+    [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
+done
+[[ $ROUNDS =~ ^[1-9][0-9]*$ && $DURATION =~ ^[1-9][0-9]*$ && $WARMUP =~ ^[0-9]+$ ]] \
+    || die "ROUNDS and DURATION must be positive integers, WARMUP an integer (seconds)"
+for c in $CONCURRENCY; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "bad CONCURRENCY value '$c'"; done
+wants() { local s; for t in $TARGETS; do s=${T_SERVER[$t]}; [[ $s == "$1" ]] && return 0; done; return 1; }
+
+# ---------------------------------------------------------------- prerequisites
+cpu_count() { # "0", "0-1", "0,2-3" -> number of CPUs
+    local n=0 part a b
+    IFS=, read -ra parts <<<"$1"
+    for part in "${parts[@]}"; do
+        if [[ $part == *-* ]]; then a=${part%-*} b=${part#*-}; n=$((n + b - a + 1)); else n=$((n + 1)); fi
+    done
+    echo "$n"
+}
+missing=()
+command -v wrk >/dev/null || missing+=(wrk)
+command -v curl >/dev/null || missing+=(curl)
+command -v jq >/dev/null || missing+=(jq)
+command -v taskset >/dev/null || missing+=(util-linux)
+if wants nginx && ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then missing+=(nginx); fi
+if ((${#missing[@]})); then
+    if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
+        die "missing: ${missing[*]} (install them, e.g. apt-get install -y ${missing[*]})"
+    fi
+    say "installing ${missing[*]} (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; } \
+        || die "apt-get install ${missing[*]} failed"
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+NCPU=$(nproc)
+if [[ $PIN == 1 ]] && ((NCPU < 2)); then say "only $NCPU CPU: not pinning"; PIN=0; fi
+[[ -n $LOADGEN_THREADS ]] || LOADGEN_THREADS=$(cpu_count "$LOADGEN_CPUS")
+
+# ---------------------------------------------------------------- build
+if [[ $NO_BUILD != 1 ]]; then
+    say "building portico and the bench backend (cargo build --release)..."
+    (cd "$ROOT" && cargo build --release --quiet --bin portico --example bench_backend) \
+        || die "cargo build failed (NO_BUILD=1 PORTICO_BIN=... BACKEND_BIN=... to use existing binaries)"
+fi
+[[ -x $PORTICO_BIN ]] || die "no portico binary at $PORTICO_BIN"
+[[ -x $BACKEND_BIN ]] || die "no bench backend binary at $BACKEND_BIN"
+
+# ---------------------------------------------------------------- processes
+TMP=$(mktemp -d /tmp/portico-bench.XXXXXX) || die "mktemp failed"
+chmod 755 "$TMP"   # nginx workers (user nobody) must reach their temp dirs
+declare -A PID=()  # server name -> pid
+ALL_PIDS=()        # everything started, for cleanup
+NGINX_MASTER=
+
+alive() { # running, and not a zombie
+    local st
+    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [[ -n $st && $st != Z ]]
+}
+
+cleanup() {
+    local rc=$? pid any
+    trap - EXIT INT TERM
+    set +e
+    [[ -n $NGINX_MASTER ]] && kill -QUIT "$NGINX_MASTER" 2>/dev/null
+    for pid in "${ALL_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for _ in $(seq 50); do
+        any=0
+        for pid in "${ALL_PIDS[@]}"; do alive "$pid" && any=1; done
+        ((any)) || break
+        sleep 0.1
+    done
+    for pid in "${ALL_PIDS[@]}"; do alive "$pid" && kill -KILL "$pid" 2>/dev/null; done
+    wait 2>/dev/null
+    if [[ $KEEP_TMP == 1 ]]; then say "kept configs and logs in $TMP"; else rm -rf "$TMP"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+pin_loadgen() { if [[ $PIN == 1 ]]; then taskset -c "$LOADGEN_CPUS" "$@"; else "$@"; fi; }
+
+# start NAME CMD... : background process pinned to the server CPUs, logs in $TMP/NAME.{out,err}
+start() {
+    local name=$1; shift
+    local cmd=("$@")
+    [[ $PIN == 1 ]] && cmd=(taskset -c "$SERVER_CPUS" "$@")
+    # A plain command (not a function) in the background: $! is the server itself, since taskset
+    # execs it.
+    "${cmd[@]}" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    PID[$name]=$!
+    ALL_PIDS+=("$!")
+}
+
+last_err() { # a one-line reason from a log file
+    tail -n 3 "$1" 2>/dev/null | tr '\n' ' ' | sed 's/\x1b\[[0-9;]*m//g; s/  */ /g' | cut -c1-160
+}
+
+USED_PORTS=" "
+FREE_PORT=
+pick_port() { # sets FREE_PORT to a port nothing listens on (below the ephemeral range)
+    local p
+    for _ in $(seq 500); do
+        p=$((20000 + RANDOM % 12000))
+        [[ $USED_PORTS == *" $p "* ]] && continue
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            USED_PORTS+="$p "; FREE_PORT=$p; return 0
+        fi
+    done
+    die "no free port found"
+}
+
+wait_port() { # PORT PID [SECONDS]: until PORT accepts connections; fails if PID dies
+    local port=$1 pid=$2 tries=$((${3:-10} * 20))
+    while ((tries-- > 0)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        alive "$pid" || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+# A fixed key, so portico does not warn about generating one (legacy sessions are not the topic).
+SESSION_KEY=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+declare -A PORT=()      # server name -> port
+declare -A DOWN=()      # server name -> why it is not usable
+declare -A IDLE_RSS=()  # server name -> VmRSS (kB) right after start
+
+start_backend() { # NAME ARGS...
+    local name=$1 _; shift
+    start "$name" "$BACKEND_BIN" --port 0 --workers "$BACKEND_WORKERS" "$@"
+    for _ in $(seq 200); do
+        if grep -q '^LISTENING ' "$TMP/$name.out" 2>/dev/null; then
+            PORT[$name]=$(awk '/^LISTENING /{print $2; exit}' "$TMP/$name.out")
+            IDLE_RSS[$name]=$(status_kb "${PID[$name]}" VmRSS)
+            return 0
+        fi
+        alive "${PID[$name]}" || break
+        sleep 0.05
+    done
+    DOWN[$name]="backend did not start: $(last_err "$TMP/$name.err")"
+    return 1
+}
+
+status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
+
+# A generated portico config. $1 = instance name, $2 = port; the rest is per instance.
+portico_conf() {
+    local name=$1 port=$2 cache=false
+    case $name in cache) cache=true ;; agg) [[ $AGG_CACHE == 1 ]] && cache=true ;; legacy) cache=true ;; esac
+    cat <<EOF
+# generated by benches/run.sh: instance "$name"
+[server]
+listen = "127.0.0.1:$port"
+workers = $WORKERS
+drain_timeout_ms = 1000
+
+[log]
+access = $([[ $ACCESS_LOG == 1 ]] && echo true || echo false)
+level = "info"
+
+[sessions]
+key = "$SESSION_KEY"
+
+[cache]
+enabled = $cache
+
+EOF
+    case $name in
+    pass | verify | cache)
+        cat <<EOF
+[[backends]]
+name = "bench"
+url = "http://127.0.0.1:${PORT[b1]}/mcp"
+protocol = "modern"
+EOF
+        [[ $name == verify ]] && echo 'verify_body = "always"'
+        ;;
+    agg)
+        local b
+        for b in b1 b2 b3; do
+            printf '[[backends]]\nname = "%s"\nurl = "http://127.0.0.1:%s/mcp"\nprotocol = "modern"\n\n' \
+                "$b" "${PORT[$b]}"
+        done
+        printf '[[endpoints]]\npath = "/mcp"\nbackends = ["b1", "b2", "b3"]\n'
+        ;;
+    legacy)
+        cat <<EOF
+[[backends]]
+name = "legacy"
+url = "http://127.0.0.1:${PORT[bl]}/mcp"
+protocol = "legacy"
+EOF
+        ;;
+    esac
+}
+
+start_portico() { # instance name
+    local name=$1 conf=$TMP/portico-$1.toml
+    pick_port; PORT[$name]=$FREE_PORT
+    portico_conf "$name" "$FREE_PORT" >"$conf"
+    if ! "$PORTICO_BIN" --check --config "$conf" >"$TMP/$name.check" 2>&1; then
+        DOWN[$name]="config rejected: $(last_err "$TMP/$name.check")"
+        return 1
+    fi
+    start "$name" "$PORTICO_BIN" --config "$conf"
+    if ! wait_port "$FREE_PORT" "${PID[$name]}" 15; then
+        DOWN[$name]="portico did not start: $(last_err "$TMP/$name.err")"
+        return 1
+    fi
+    IDLE_RSS[$name]=$(status_kb "${PID[$name]}" VmRSS)
+}
+
+start_nginx() {
+    local dir=$TMP/nginx
+    mkdir -p "$dir"
+    pick_port; PORT[nginx]=$FREE_PORT
+    sed -e "s|@WORKERS@|$WORKERS|g" -e "s|@PREFIX@|$dir|g" \
+        -e "s|@LISTEN_PORT@|$FREE_PORT|g" -e "s|@BACKEND_PORT@|${PORT[b1]}|g" \
+        "$BENCHES/nginx.conf.tmpl" >"$dir/nginx.conf"
+    if ! "$NGINX" -t -q -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" >"$TMP/nginx.check" 2>&1; then
+        DOWN[nginx]="nginx config rejected: $(last_err "$TMP/nginx.check")"
+        return 1
+    fi
+    start nginx "$NGINX" -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf"
+    NGINX_MASTER=${PID[nginx]}
+    if ! wait_port "$FREE_PORT" "$NGINX_MASTER" 10; then
+        DOWN[nginx]="nginx did not start: $(last_err "$TMP/nginx.err") $(last_err "$dir/error.log")"
+        return 1
+    fi
+    sleep 0.2
+    local w
+    for w in $(pgrep -P "$NGINX_MASTER"); do ALL_PIDS+=("$w"); done
+    IDLE_RSS[nginx]=$(nginx_rss VmRSS)
+}
+
+nginx_rss() { # sum over the nginx worker processes
+    local sum=0 w v
+    for w in $(pgrep -P "$NGINX_MASTER" 2>/dev/null); do
+        v=$(status_kb "$w" "$1"); sum=$((sum + ${v:-0}))
+    done
+    echo "$sum"
+}
+
+# ---------------------------------------------------------------- probes
+mcp_body() { # the exact body benches/mcp.lua sends
+    local meta='"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}'
+    if [[ $1 == tools/call ]]; then
+        printf '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"},%s}}' "$meta"
+    else
+        printf '{"jsonrpc":"2.0","id":1,"method":"%s","params":{%s}}' "$1" "$meta"
+    fi
+}
+
+backend_count() { # SERVER METHOD -> how many METHOD requests that bench backend has answered
+    local n
+    n=$(curl -s -m 2 "http://127.0.0.1:${PORT[$1]}/stats" | jq -r --arg m "$2" '.[$m] // 0' 2>/dev/null)
+    echo "${n:-0}"
+}
+
+PROBE_REASON=
+PROBE_TOOLS=0
+# probe URL METHOD: one request like wrk's; 0 if it is an HTTP 200 carrying a JSON-RPC result.
+probe() {
+    local url=$1 method=$2 code ctype json msg
+    local extra=()
+    [[ $method == tools/call ]] && extra=(-H 'Mcp-Name: echo')
+    code=$(curl -sS -m 5 -o "$TMP/probe.body" -D "$TMP/probe.head" -w '%{http_code}' \
+        -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
+        -H 'MCP-Protocol-Version: 2026-07-28' -H "Mcp-Method: $method" "${extra[@]}" \
+        --data-binary "$(mcp_body "$method")" "$url" 2>"$TMP/probe.err")
+    if [[ -z $code || $code == 000 ]]; then
+        PROBE_REASON="request failed: $(last_err "$TMP/probe.err")"; return 1
+    fi
+    ctype=$(awk -F': *' 'tolower($1) == "content-type" {print $2}' "$TMP/probe.head" | tr -d '\r')
+    if [[ $ctype == text/event-stream* ]]; then
+        json=$(sed -n 's/^data: *//p' "$TMP/probe.body" | tail -n 1)
+    else
+        json=$(cat "$TMP/probe.body")
+    fi
+    if [[ $code != 200 ]]; then
+        msg=$(jq -r 'if .error then "\(.error.code): \(.error.message)" else empty end' <<<"$json" 2>/dev/null)
+        [[ -n $msg ]] || msg=$(head -c 100 <<<"$json" | tr '\n' ' ')
+        PROBE_REASON="HTTP $code${msg:+: $msg}"; return 1
+    fi
+    if ! jq -e . >/dev/null 2>&1 <<<"$json"; then
+        PROBE_REASON="HTTP 200 but not JSON ($ctype): $(head -c 80 <<<"$json" | tr '\n' ' ')"; return 1
+    fi
+    msg=$(jq -r 'if .error then "\(.error.code): \(.error.message)" else empty end' <<<"$json")
+    if [[ -n $msg ]]; then PROBE_REASON="JSON-RPC error $msg"; return 1; fi
+    if ! jq -e '.jsonrpc == "2.0" and .id == 1 and (.result | type == "object")' >/dev/null <<<"$json"; then
+        PROBE_REASON="HTTP 200 without a JSON-RPC result for id 1"; return 1
+    fi
+    if [[ $method == tools/list ]]; then
+        PROBE_TOOLS=$(jq '.result.tools | length' <<<"$json" 2>/dev/null || echo 0)
+        ((PROBE_TOOLS > 0)) || { PROBE_REASON="tools/list result has no tools"; return 1; }
+    elif [[ $method == tools/call ]]; then
+        jq -e '.result.content[0].text | type == "string"' >/dev/null <<<"$json" \
+            || { PROBE_REASON="tools/call result has no text content"; return 1; }
+    fi
+    PROBE_REASON=
+    return 0
+}
+
+target_url() { echo "http://127.0.0.1:${PORT[${T_SERVER[$1]}]}${T_PATH[$1]}"; }
+
+declare -A NA=()   # target -> reason it is not measured
+BASE_TOOLS=0       # tools in one backend's list
+
+check_target() { # TARGET: probes it; on failure records NA[TARGET]
+    local t=$1 s=${T_SERVER[$1]} m=${T_METHOD[$1]} be=${T_BACKEND[$1]} before after
+    if [[ -n ${DOWN[$s]:-} ]]; then NA[$t]=${DOWN[$s]}; return 1; fi
+    if [[ $t == portico-cache ]]; then
+        # Fill the cache, then the repeat must not reach the backend.
+        probe "$(target_url "$t")" "$m" || { NA[$t]=$PROBE_REASON; return 1; }
+        before=$(backend_count "$be" "$m")
+        probe "$(target_url "$t")" "$m" || { NA[$t]=$PROBE_REASON; return 1; }
+        after=$(backend_count "$be" "$m")
+        if ((after > before)); then
+            NA[$t]="not a cache hit: the repeated tools/list reached the backend"; return 1
+        fi
+        return 0
+    fi
+    before=$(backend_count "$be" "$m")
+    probe "$(target_url "$t")" "$m" || { NA[$t]=$PROBE_REASON; return 1; }
+    after=$(backend_count "$be" "$m")
+    if ((after <= before)) && [[ $t != portico-agg || $AGG_CACHE != 1 ]]; then
+        NA[$t]="answered, but the request never reached backend $be"; return 1
+    fi
+    if [[ $t == portico-agg ]] && ((PROBE_TOOLS != 3 * BASE_TOOLS)); then
+        NA[$t]="aggregated list has $PROBE_TOOLS tools, want 3 x $BASE_TOOLS"; return 1
+    fi
+    return 0
+}
+
+# ---------------------------------------------------------------- start everything
+say "temp dir: $TMP"
+start_backend b1 --name bench-b1 || die "${DOWN[b1]}"
+if wants agg; then start_backend b2 --name bench-b2; start_backend b3 --name bench-b3; fi
+if wants legacy; then start_backend bl --legacy --name bench-legacy; fi
+wants nginx && start_nginx
+for inst in pass verify cache agg legacy; do
+    if wants "$inst"; then
+        if [[ ( $inst == agg && ( -n ${DOWN[b2]:-} || -n ${DOWN[b3]:-} ) ) ]]; then
+            DOWN[agg]="${DOWN[b2]:-${DOWN[b3]}}"; continue
+        fi
+        if [[ $inst == legacy && -n ${DOWN[bl]:-} ]]; then DOWN[legacy]=${DOWN[bl]}; continue; fi
+        start_portico "$inst"
+    fi
+done
+
+probe "http://127.0.0.1:${PORT[b1]}/mcp" tools/list || die "the bench backend fails its own probe: $PROBE_REASON"
+BASE_TOOLS=$PROBE_TOOLS
+LIVE=()
+for t in $TARGETS; do
+    if check_target "$t"; then LIVE+=("$t"); say "probe ok   $t"; else say "probe FAIL $t: ${NA[$t]}"; fi
+done
+# Where each portico log stood before the load, to tell startup messages from load-time ones.
+declare -A LOG_MARK=()
+for s in pass verify cache agg legacy; do
+    [[ -f $TMP/$s.err ]] && LOG_MARK[$s]=$(wc -l <"$TMP/$s.err")
+done
+
+# ---------------------------------------------------------------- header
+CLK_TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
+cpu_snapshot() { # "<CPU ticks of processes outside the benchmark> <steal ticks>"
+    # utime+stime+cutime+cstime of every process that is neither ours nor a kernel thread; a
+    # short-lived process shows up in its parent's cutime once reaped. wrk and the script's
+    # helpers are reaped into this shell ($$), which is excluded.
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v ours=" $$ ${ALL_PIDS[*]} " '
+        { pid = $1; s = $0; sub(/^.*\) /, "", s); split(s, f, " ")
+          if (pid == 2 || f[2] == 2 || index(ours, " " pid " ")) next
+          t += f[12] + f[13] + f[14] + f[15] }
+        END { printf "%d ", t }'
+    awk '$1 == "cpu" { print $9 }' /proc/stat
+}
+read -r f0 _ < <(cpu_snapshot); sleep 2; read -r f1 _ < <(cpu_snapshot)
+PRE_LOAD=$(( (f1 > f0 ? f1 - f0 : 0) * 100 / (2 * CLK_TCK) ))
+if ((PRE_LOAD >= BUSY_MARK)); then
+    say "WARNING: other processes use ${PRE_LOAD}% of a CPU right now; the numbers will be noisy"
+fi
+ncs=$(wc -w <<<"$CONCURRENCY")
+est=$(( ${#LIVE[@]} * ncs * ROUNDS * (WARMUP + DURATION) ))
+commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ $commit != unknown ]] && [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+    commit="$commit (uncommitted changes)"
+fi
+cpu_model=$(awk -F': *' '/^model name/ {print $2; exit}' /proc/cpuinfo)
+nginx_ver=$("$NGINX" -v 2>&1 | sed 's/^nginx version: //')
+wrk_ver=$(wrk -v 2>&1 | head -n 1 | awk '{print $2}')
+if [[ $PIN == 1 ]]; then
+    layout="backend, nginx and portico on CPU $SERVER_CPUS; wrk on CPU $LOADGEN_CPUS ($LOADGEN_THREADS thread(s), never more than c)"
+else
+    layout="no CPU pinning (PIN=0); wrk with $LOADGEN_THREADS thread(s)"
+fi
+{
+    echo "# portico benchmark"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "- portico commit: $commit"
+    echo "- host: $(uname -r), $cpu_model, $NCPU CPU(s); before the run, other processes used ${PRE_LOAD}% of a CPU$( ((PRE_LOAD >= BUSY_MARK)) && echo " (**busy machine: expect noise**)")"
+    echo "- tools: $nginx_ver, wrk $wrk_ver, $("$PORTICO_BIN" --version 2>/dev/null)"
+    echo "- layout: $layout"
+    echo "- threads: portico \`workers = $WORKERS\`, nginx \`worker_processes $WORKERS\`, backend $BACKEND_WORKERS ($([[ $BACKEND_WORKERS -le 1 ]] && echo current_thread || echo multi_thread) runtime)"
+    echo "- load: $ROUNDS round(s) x ${DURATION} s per target and concurrency, each after ${WARMUP} s of warm-up; rounds interleaved (round → concurrency → target); median of rounds; wrk --timeout $WRK_TIMEOUT"
+    if [[ $ACCESS_LOG == 1 ]]; then
+        echo "- portico access log: **on** (\`[log] access = true\`, stderr to a file)"
+    else
+        echo "- portico access log: off (\`[log] access = false\`; \`ACCESS_LOG=1\` measures with it on)"
+    fi
+    echo "- nginx: upstream keepalive 64, proxy_buffering off, request buffering on (default), keepalive_requests 1000000, access_log off"
+    echo "- backend: examples/bench_backend.rs, JSON answers, tools/list result $(grep -o 'tools/list result [0-9]* bytes' "$TMP/b1.err" | awk '{print $3}') bytes"
+} >"$TMP/header.md"
+cat "$TMP/header.md" >&2
+say ""
+say "measuring ${#LIVE[@]} target(s): ${LIVE[*]:-none}; about $((est / 60)) min $((est % 60)) s"
+
+# ---------------------------------------------------------------- measure
+: >"$TMP/raw.tsv"
+RETRIES_USED=0
+: >"$TMP/notes.txt"
+run_wrk() { # TARGET C SECONDS [latency] -> BENCHJSON on stdout
+    local t=$1 c=$2 d=$3 th=$LOADGEN_THREADS
+    ((th > c)) && th=$c
+    MCP_METHOD=${T_METHOD[$t]} pin_loadgen wrk -t "$th" -c "$c" -d "${d}s" --timeout "$WRK_TIMEOUT" \
+        ${4:+--latency} -s "$BENCHES/mcp.lua" "$(target_url "$t")" 2>&1
+}
+server_alive() { # TARGET: its server process still runs
+    local s=${T_SERVER[$1]}
+    alive "${PID[$s]}"
+}
+
+for ((round = 1; round <= ROUNDS; round++)); do
+    for c in $CONCURRENCY; do
+        for t in "${LIVE[@]}"; do
+            [[ -n ${NA[$t]:-} ]] && continue
+            say "round $round/$ROUNDS  c=$c  $t"
+            attempt=0 best_busy=
+            while :; do
+                ((WARMUP > 0)) && run_wrk "$t" "$c" "$WARMUP" >/dev/null
+                read -r f0 st0 < <(cpu_snapshot)
+                try=$(run_wrk "$t" "$c" "$DURATION" latency)
+                read -r f1 st1 < <(cpu_snapshot)
+                # CPU used by processes that are not part of the benchmark, and steal time, in %
+                # of one CPU over the measurement.
+                o=$(( (f1 > f0 ? f1 - f0 : 0) * 100 / (DURATION * CLK_TCK) ))
+                st=$(( (st1 > st0 ? st1 - st0 : 0) * 100 / (DURATION * CLK_TCK) ))
+                busy=$((o > st ? o : st))
+                if [[ -z $best_busy ]] || ((busy < best_busy)); then
+                    out=$try other=$o steal=$st best_busy=$busy
+                fi
+                # A measurement taken while something else loaded the machine is repeated (the
+                # quietest attempt is kept), within a budget so a busy machine cannot stall the run.
+                if ((best_busy >= BUSY_MARK && attempt < BUSY_RETRIES && RETRIES_USED < MAX_RETRIES)); then
+                    attempt=$((attempt + 1)) RETRIES_USED=$((RETRIES_USED + 1))
+                    say "    host busy (other processes ${o}% of a CPU, steal ${st}%): measuring again"
+                    sleep 1
+                    continue
+                fi
+                break
+            done
+            json=$(sed -n 's/^BENCHJSON //p' <<<"$out")
+            if [[ -z $json ]]; then
+                echo "$t c=$c round $round: wrk gave no result: $(tail -n 2 <<<"$out" | tr '\n' ' ')" >>"$TMP/notes.txt"
+            else
+                jq -r --arg t "$t" --arg m "${T_METHOD[$t]}" --arg c "$c" --arg r "$round" \
+                    --arg o "$other" --arg st "$steal" \
+                    '[$t, $m, $c, $r, .rps, .p50_us, .p99_us, (.connect + .read + .write + .status + .timeout), .requests, $o, $st] | @tsv' \
+                    <<<"$json" >>"$TMP/raw.tsv"
+                if ((other >= BUSY_MARK || steal >= BUSY_MARK)); then
+                    echo "$t c=$c round $round: host busy: other processes used ${other}% of a CPU, steal ${steal}% (after $attempt retry(s))" >>"$TMP/notes.txt"
+                    say "    kept a busy measurement: other processes ${other}% of a CPU, steal ${steal}%"
+                fi
+                errs=$(jq '.connect + .read + .write + .status + .timeout' <<<"$json")
+                if ((errs > 0)); then
+                    echo "$t c=$c round $round: $(jq -r '"\(.status) non-2xx, \(.timeout) timeouts, \(.connect) connect, \(.read) read, \(.write) write errors out of \(.requests) requests"' <<<"$json")" >>"$TMP/notes.txt"
+                fi
+            fi
+            if ! server_alive "$t"; then
+                s=${T_SERVER[$t]}
+                wait "${PID[$s]}" 2>/dev/null
+                NA[$t]="server exited (status $?) during the run: $(last_err "$TMP/$s.err")"
+                echo "$t: ${NA[$t]}" >>"$TMP/notes.txt"
+            fi
+        done
+    done
+done
+
+# ---------------------------------------------------------------- memory (before anything stops)
+declare -A PEAK_RSS=()
+for s in pass verify cache agg legacy; do
+    [[ -n ${PID[$s]:-} ]] && alive "${PID[$s]}" && PEAK_RSS[$s]=$(status_kb "${PID[$s]}" VmHWM)
+done
+[[ -n $NGINX_MASTER ]] && alive "$NGINX_MASTER" && PEAK_RSS[nginx]=$(nginx_rss VmHWM)
+PEAK_RSS[b1]=$(status_kb "${PID[b1]}" VmHWM)
+IDLE_RSS[b1]=${IDLE_RSS[b1]:-}
+
+# Portico's own complaints (warnings and errors; access lines are INFO), at startup and under load.
+warnings() { # FILE PHASE-LABEL INSTANCE
+    # tracing's text format: "<timestamp> <LEVEL> <target>: ..." (colour codes stripped).
+    sed 's/\x1b\[[0-9;]*m//g' "$1" | grep -E '^[^ ]+ +(WARN|ERROR) ' >"$1.warn"
+    local n
+    n=$(wc -l <"$1.warn")
+    if ((n > 0)); then
+        echo "portico instance '$3' logged $n warning/error line(s) $2; most frequent (timestamps dropped):" >>"$TMP/notes.txt"
+        cut -d' ' -f2- "$1.warn" | sed 's/^ *//' | cut -c1-240 | sort | uniq -c | sort -rn | head -n 5 \
+            | sed 's/^/    /' >>"$TMP/notes.txt"
+    fi
+}
+for s in pass verify cache agg legacy; do
+    [[ -f $TMP/$s.err ]] || continue
+    mark=${LOG_MARK[$s]:-0}
+    head -n "$mark" "$TMP/$s.err" >"$TMP/$s.startup"
+    tail -n +"$((mark + 1))" "$TMP/$s.err" >"$TMP/$s.load"
+    warnings "$TMP/$s.startup" "at startup and probe" "$s"
+    warnings "$TMP/$s.load" "during the load" "$s"
+done
+
+# ---------------------------------------------------------------- report
+for t in $TARGETS; do printf '%s\t%s\n' "$t" "${T_METHOD[$t]}"; done >"$TMP/methods.tsv"
+: >"$TMP/na.tsv"
+for t in $TARGETS; do
+    [[ -n ${NA[$t]:-} ]] || continue
+    r=${NA[$t]//|/\\|}
+    ((${#r} > 150)) && r="${r:0:147}..."
+    printf '%s\t%s\n' "$t" "$r" >>"$TMP/na.tsv"
+done
+# A target that failed mid-run keeps its measured rounds; only targets with none are n/a rows.
+for t in $TARGETS; do
+    if [[ -n ${NA[$t]:-} ]] && grep -q "^$t"$'\t' "$TMP/raw.tsv"; then
+        sed -i "/^$t"$'\t'"/d" "$TMP/na.tsv"
+    fi
+done
+
+kb() { [[ -n ${1:-} ]] && awk -v k="$1" 'BEGIN { printf "%.1f MiB", k / 1024 }' || echo "–"; }
+inst_desc() {
+    case $1 in
+    pass) echo "portico (pass-through; targets portico, portico-list)" ;;
+    verify) echo "portico-verify (verify_body = always)" ;;
+    cache) echo "portico-cache ([cache] enabled)" ;;
+    agg) echo "portico-agg (3 backends, one endpoint)" ;;
+    legacy) echo "portico-legacy (legacy backend)" ;;
+    nginx) echo "nginx (worker processes, summed)" ;;
+    b1) echo "bench backend (b1)" ;;
+    esac
+}
+{
+    cat "$TMP/header.md"
+    echo
+    echo "## Throughput and latency (median of rounds)"
+    echo
+    awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=main -f "$BENCHES/report.awk" \
+        "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
+    echo
+    echo "× direct / × nginx: req/s relative to the direct (or nginx) target at the same concurrency and MCP method in this run;"
+    echo "† = no same-method baseline was measured, compared with the tools/call one (add direct-list / nginx-list to TARGETS)."
+    echo "spread = (max − min) / median of req/s over rounds. errors = non-2xx answers + socket errors + timeouts, summed over rounds."
+    echo "host load = the worst round's CPU use by processes outside the benchmark (or steal time), in % of one CPU; bold from ${BUSY_MARK}% — such rows measured a shared machine."
+    echo "Measurements repeated because the host was busy: $RETRIES_USED (up to $BUSY_RETRIES per measurement, $MAX_RETRIES per run; the quietest attempt is kept)."
+    echo
+    echo "## Memory"
+    echo
+    echo "| process | RSS right after start | peak RSS (VmHWM) at the end |"
+    echo "|---|---:|---:|"
+    for s in pass verify cache agg legacy nginx b1; do
+        [[ -n ${PID[$s]:-} || -n ${DOWN[$s]:-} ]] || continue
+        if [[ -n ${DOWN[$s]:-} && -z ${IDLE_RSS[$s]:-} ]]; then
+            echo "| $(inst_desc "$s") | n/a | n/a |"
+        else
+            echo "| $(inst_desc "$s") | $(kb "${IDLE_RSS[$s]:-}") | $(kb "${PEAK_RSS[$s]:-}") |"
+        fi
+    done
+    if ((ROUNDS > 1)); then
+        echo
+        echo "## req/s per round"
+        echo
+        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=rounds -f "$BENCHES/report.awk" \
+            "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
+    fi
+    if [[ -s $TMP/notes.txt ]]; then
+        echo
+        echo "## Notes from the run"
+        echo
+        echo '```'
+        cat "$TMP/notes.txt"
+        echo '```'
+    fi
+} >"$TMP/report.md"
+
+mkdir -p "$RESULTS_DIR"
+cp "$TMP/report.md" "$RESULTS_DIR/latest.md"
+cp "$TMP/raw.tsv" "$RESULTS_DIR/latest.tsv"
+stamp=$(date -u +%Y%m%d-%H%M%S)
+cp "$TMP/report.md" "$RESULTS_DIR/$stamp.md"
+echo
+cat "$TMP/report.md"
+say ""
+say "written: $RESULTS_DIR/latest.md (raw rounds: latest.tsv; this run also as $stamp.md)"
