@@ -246,7 +246,8 @@ pub fn reprobe(b: &Backend, why: &str) {
 }
 
 /// The upstream session, initializing it when there is none (or the stdio child restarted).
-async fn session(b: &Backend, deadline: Instant) -> Result<Arc<LegacySession>, GatewayError> {
+/// The backend's upstream legacy session, initialized on first use.
+pub async fn session(b: &Backend, deadline: Instant) -> Result<Arc<LegacySession>, GatewayError> {
     let generation = match &b.upstream {
         Upstream::Stdio(s) => s.generation(),
         _ => 0,

@@ -548,11 +548,14 @@ impl Entry {
         now < self.stale_until
     }
 
-    /// Freshness left at `now`, in whole ms (floored, so a client never holds it longer than the
-    /// server intended); 0 once stale.
+    /// Freshness left at `now`, in whole ms, rounded up: a result served in the same
+    /// millisecond it was stored keeps the server's own `ttlMs` (so a miss is byte-for-byte
+    /// what the server said), and no client can hold it more than a fraction of a millisecond
+    /// past the server's intent. 0 once stale.
     pub fn ttl_remaining_ms(&self, now: Instant) -> u64 {
-        let left = self.fresh_until.saturating_duration_since(now).as_millis();
-        u64::try_from(left).unwrap_or(u64::MAX)
+        let left = self.fresh_until.saturating_duration_since(now);
+        let ms = left.as_nanos().div_ceil(1_000_000);
+        u64::try_from(ms).unwrap_or(u64::MAX)
     }
 
     /// The JSON-RPC response for a hit, built by splicing, with the caller's `id` and `ttlMs`

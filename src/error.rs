@@ -17,7 +17,7 @@ pub enum Fault {
     Gateway,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
     #[error("method not allowed: MCP endpoints accept POST")]
     MethodNotAllowed,
@@ -31,6 +31,8 @@ pub enum GatewayError {
     BodyRead(String),
     #[error("Forbidden: origin not allowed")]
     OriginForbidden,
+    #[error("Forbidden: admin endpoints accept loopback callers only")]
+    AdminForbidden,
     #[error("no MCP endpoint at {path}")]
     NoRoute { path: String },
     #[error("Parse error: {0}")]
@@ -82,7 +84,7 @@ impl GatewayError {
             NotAcceptable => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            OriginForbidden => StatusCode::FORBIDDEN,
+            OriginForbidden | AdminForbidden => StatusCode::FORBIDDEN,
             NoRoute { .. } | MethodNotFound(_) | SessionNotFound => StatusCode::NOT_FOUND,
             BodyRead(_)
             | Parse(_)
@@ -115,7 +117,8 @@ impl GatewayError {
             | Batch
             | InvalidRequest(_)
             | NoRoute { .. }
-            | OriginForbidden => code::INVALID_REQUEST,
+            | OriginForbidden
+            | AdminForbidden => code::INVALID_REQUEST,
             // What the TypeScript SDK sends; legacy clients re-initialize on the 404 itself.
             SessionNotFound => code::SESSION_NOT_FOUND,
             BadRequest(_) => code::SERVER_ERROR,
@@ -137,6 +140,7 @@ impl GatewayError {
             BodyTooLarge { .. } => "body_too_large",
             BodyRead(_) => "body_read",
             OriginForbidden => "origin_forbidden",
+            AdminForbidden => "admin_forbidden",
             NoRoute { .. } => "no_route",
             Parse(_) => "parse_error",
             Batch => "batch",

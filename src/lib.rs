@@ -8,6 +8,8 @@
 //! - [`proxy`]: the request pipeline — every phase in order, one exit.
 //! - [`frontend`]: client-facing Streamable HTTP rules, header-first.
 //! - [`bridge`]: initialize-era *backends* made to look modern (probe, sessions, translation).
+//! - [`cache`]: the shared list cache (`ttlMs`/`cacheScope`); [`invalidation`] keeps it honest
+//!   with each backend's change notifications.
 //! - [`legacy`]: initialize-era *clients* served on the same endpoints; [`session`] seals their
 //!   session ids.
 //! - [`protocol`]: MCP/JSON-RPC vocabulary and the cheap envelope parser (pure).
@@ -27,6 +29,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod frontend;
+pub mod invalidation;
 pub mod legacy;
 pub mod metrics;
 pub mod protocol;
@@ -55,6 +58,11 @@ pub struct State {
     pub sessions: session::Sessions,
     /// Outlives config generations, so counters survive reloads.
     pub metrics: Arc<Metrics>,
+    /// The shared list cache of this generation (a reload starts empty: the config that
+    /// shaped the entries may have changed).
+    pub cache: Arc<cache::Cache>,
+    /// Change-notification streams that keep `cache` honest.
+    pub watchers: invalidation::Watchers,
 }
 
 /// Why the gateway could not start.
@@ -70,16 +78,20 @@ impl State {
     pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<State, StartError> {
         let routes = RouteTable::build(&config)?;
         let sessions = session::Sessions::new(&config.sessions);
+        let cache = Arc::new(cache::Cache::new(&config.cache));
         Ok(State {
             config,
             routes,
             sessions,
             metrics,
+            cache,
+            watchers: invalidation::Watchers::default(),
         })
     }
 
     /// Ends upstream legacy sessions (`DELETE`) and stops stdio children.
     pub async fn shutdown(&self) {
+        self.watchers.stop();
         for b in self.routes.backends.values() {
             bridge::close(b).await;
             if let upstream::Upstream::Stdio(s) = &b.upstream {
@@ -99,6 +111,7 @@ impl State {
                 status = ctx.status,
                 duration_us = ctx.elapsed().as_micros() as u64,
                 passthrough = ctx.passthrough,
+                cache = ctx.cache.unwrap_or("-"),
                 error = ctx.error.unwrap_or(""),
             );
         }

@@ -24,7 +24,9 @@ use crate::error::GatewayError;
 use crate::frontend::{self, Era, Head, ModernHead};
 use crate::legacy;
 use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, first_byte, header as h};
+use crate::cache::{Fetched, KeyInput, Partition};
 use crate::router::{Backend, Route, Verdict};
+use serde_json::Value;
 use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, http::is_event_stream};
 
 /// Everything known about one request, filled in as it moves through the phases and read once
@@ -44,6 +46,8 @@ pub struct RequestCtx {
     pub passthrough: bool,
     /// Failure reason label, if any.
     pub error: Option<&'static str>,
+    /// How the shared cache answered (`hit`, `miss`, …), when it was consulted.
+    pub cache: Option<&'static str>,
     pub status: u16,
 }
 
@@ -58,6 +62,7 @@ impl RequestCtx {
             era: None,
             passthrough: false,
             error: None,
+            cache: None,
             status: 0,
         }
     }
@@ -95,6 +100,9 @@ async fn handle_inner(
     let (parts, body) = req.into_parts();
     // 1. route
     let path = parts.uri.path();
+    if path == ADMIN_PURGE_PATH {
+        return admin_purge(state, &parts);
+    }
     let route = state
         .routes
         .routes
@@ -196,17 +204,43 @@ async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
 
 /// Pass-through is allowed when nothing portico does depends on the body: a backend known to
 /// speak 2026-07-28 validates the headers itself.
-fn can_pass_through(_state: &State, backend: &Backend, mh: &ModernHead) -> bool {
+///
+/// A cacheable method is never passed through while the cache is on: its key comes from the
+/// body, and the body must agree with the headers before an entry is served or stored.
+fn can_pass_through(state: &State, backend: &Backend, mh: &ModernHead) -> bool {
     !mh.unknown_version
-        && mh.method.is_some()
         && backend.cfg.verify_body == crate::config::VerifyBody::Auto
+        && mh.method.as_deref().is_some_and(|m| {
+            !(state.cache.enabled() && protocol::is_cacheable_method(m))
+        })
 }
 
 /// Step 5, dispatch: the one `match` on the method, for every request portico reads (modern
 /// clients, and legacy clients after translation). Returns decoded messages for `render`.
+///
+/// Cacheable requests (digest §3: discover, the four lists, `resources/read`) go through the
+/// shared cache, which calls back into the per-backend dispatch on a miss.
 pub async fn answer(
-    _state: &State,
-    _ctx: &mut RequestCtx,
+    state: &State,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    headers: &http::HeaderMap,
+    env: &Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    match (env.kind, env.id.as_ref()) {
+        (Kind::Request, Some(id))
+            if state.cache.enabled() && protocol::is_cacheable_method(&env.method) =>
+        {
+            cached(state, ctx, backend, headers, env, id, body, deadline).await
+        }
+        _ => dispatch(backend, headers, env, body, deadline).await,
+    }
+}
+
+/// The per-backend dispatch: legacy backends through the bridge, modern ones forwarded.
+async fn dispatch(
     backend: &Arc<Backend>,
     headers: &http::HeaderMap,
     env: &Envelope,
@@ -230,6 +264,117 @@ pub async fn answer(
         // Modern backends, on the message path.
         _ => forward(backend, headers, env, body, deadline).await,
     }
+}
+
+/// A cacheable request: served from the shared cache, or fetched (single-flight) and stored
+/// when the result allows it.
+#[allow(clippy::too_many_arguments)]
+async fn cached(
+    state: &State,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    headers: &http::HeaderMap,
+    env: &Envelope,
+    id: &RequestId,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    // The param that selects the result: `uri` for a read (as JSON, like the cursor), else
+    // the cursor. Anything else in params does not shape a cacheable result (digest §3).
+    let uri_json = match env.method.as_str() {
+        "resources/read" => env.name.as_ref().map(|u| Value::from(u.as_str()).to_string()),
+        _ => None,
+    };
+    let key = KeyInput {
+        backend: &backend.name,
+        credential_id: "",
+        method: &env.method,
+        params: uri_json.as_deref().or(env.cursor.as_deref()),
+        protocol_version: env.protocol_version.as_deref().unwrap_or(LATEST_VERSION),
+        capabilities: env.client_capabilities.as_deref(),
+    };
+    let partition = Partition::from_authorization(
+        headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes),
+    );
+    let served = state
+        .cache
+        .get_or_fetch(&key, &partition, id, env.is_retry, || async {
+            let reply = dispatch(backend, headers, env, body, deadline).await?;
+            let status = reply.status.as_u16();
+            let message = final_message(reply, backend).await?;
+            Ok::<_, GatewayError>(Fetched { status, message })
+        })
+        .await?;
+    ctx.cache = Some(served.outcome.label());
+    if served.ttl_remaining_ms.is_some() {
+        // Something of this backend is (or was just) in the cache: listen for its changes.
+        state.watchers.ensure(backend, &state.cache);
+    }
+    let status = StatusCode::from_u16(served.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    Ok(Reply::one(status, served.body))
+}
+
+/// The JSON-RPC response of a reply, skipping notifications sent before it (a cached answer
+/// is one message; progress about a list fetch has no one to go to after the fact).
+async fn final_message(reply: Reply, backend: &Backend) -> Result<Bytes, GatewayError> {
+    let failed = |detail: String| GatewayError::BackendFailed {
+        backend: backend.name.to_string(),
+        detail,
+    };
+    match reply.messages {
+        MessageStream::One(m) => Ok(m),
+        MessageStream::Empty => Err(failed("no answer to a request".into())),
+        MessageStream::Many(mut stream) => {
+            while let Some(item) = stream.next().await {
+                let msg = item.map_err(|e| {
+                    GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e)
+                })?;
+                if is_response(&msg) {
+                    return Ok(msg);
+                }
+            }
+            Err(failed("the answer stream ended without a response".into()))
+        }
+    }
+}
+
+/// `POST /admin/cache/purge[?backend=NAME]`: drops cached entries. Loopback callers only until
+/// portico authenticates operators; the answer says what was purged.
+pub const ADMIN_PURGE_PATH: &str = "/admin/cache/purge";
+
+fn admin_purge(state: &State, parts: &http::request::Parts) -> Result<Response<Body>, GatewayError> {
+    let peer_is_loopback = parts
+        .extensions
+        .get::<crate::server::PeerAddr>()
+        .is_some_and(|p| p.0.ip().is_loopback());
+    if !peer_is_loopback {
+        return Err(GatewayError::AdminForbidden);
+    }
+    if parts.method != Method::POST {
+        return Err(GatewayError::MethodNotAllowed);
+    }
+    let backend = parts.uri.query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("backend="))
+            .map(str::to_owned)
+    });
+    let purged = match &backend {
+        Some(name) => {
+            if !state.routes.backends.contains_key(name.as_str()) {
+                return Err(GatewayError::NoRoute {
+                    path: format!("backend {name}"),
+                });
+            }
+            state.cache.purge_backend(name);
+            serde_json::json!({"purged": "backend", "backend": name})
+        }
+        None => {
+            state.cache.purge_all();
+            serde_json::json!({"purged": "all"})
+        }
+    };
+    tracing::info!(target: "portico::admin", %purged, "cache purged");
+    Ok(json_response(StatusCode::OK, Bytes::from(purged.to_string())))
 }
 
 /// Sends a modern message to a modern backend on the message path.

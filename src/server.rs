@@ -17,6 +17,10 @@ use tokio_rustls::TlsAcceptor;
 use crate::State;
 use crate::config::ServerConfig;
 
+/// The client's socket address, attached to every request (admin endpoints are loopback-only).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 /// How long a TLS handshake may take.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -62,7 +66,7 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let (tcp, _peer) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(error) => {
@@ -76,7 +80,8 @@ pub async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let svc_state = shared.clone();
-        let service = service_fn(move |req| {
+        let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
             // Each request sees one config generation, even across a hot reload.
             let state = svc_state.load_full();
             async move { Ok::<_, Infallible>(crate::proxy::handle(state, req).await) }
