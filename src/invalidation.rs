@@ -167,7 +167,11 @@ pub fn apply(cache: &Cache, backend: &str, message: &[u8]) -> bool {
         }
         _ => return false,
     }
-    tracing::debug!(backend, method, "cache entries dropped on change notification");
+    tracing::debug!(
+        backend,
+        method,
+        "cache entries dropped on change notification"
+    );
     true
 }
 
@@ -175,7 +179,10 @@ pub fn apply(cache: &Cache, backend: &str, message: &[u8]) -> bool {
 async fn drain(
     backend: &Backend,
     cache: &Cache,
-    mut messages: futures_util::stream::BoxStream<'static, Result<Bytes, crate::upstream::UpstreamError>>,
+    mut messages: futures_util::stream::BoxStream<
+        'static,
+        Result<Bytes, crate::upstream::UpstreamError>,
+    >,
 ) -> Ended {
     while let Some(item) = messages.next().await {
         match item {
@@ -202,6 +209,14 @@ async fn listen(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ende
                 (
                     HeaderName::from_static(h::METHOD),
                     HeaderValue::from_static("subscriptions/listen"),
+                ),
+                (
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                ),
+                (
+                    http::header::ACCEPT,
+                    HeaderValue::from_static("application/json, text/event-stream"),
                 ),
             ];
             let req = up.request(&HeaderMap::new(), &extra, body);

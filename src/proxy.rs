@@ -20,14 +20,14 @@ use tokio::time::Instant;
 use crate::State;
 use crate::body::{Body, sse_event};
 use crate::bridge;
+use crate::cache::{Fetched, KeyInput, Partition};
 use crate::error::GatewayError;
 use crate::frontend::{self, Era, Head, ModernHead};
 use crate::legacy;
 use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, first_byte, header as h};
-use crate::cache::{Fetched, KeyInput, Partition};
 use crate::router::{Backend, Route, Verdict};
-use serde_json::Value;
 use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, http::is_event_stream};
+use serde_json::Value;
 
 /// Everything known about one request, filled in as it moves through the phases and read once
 /// at the exit by metrics and the access log.
@@ -210,9 +210,10 @@ async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
 fn can_pass_through(state: &State, backend: &Backend, mh: &ModernHead) -> bool {
     !mh.unknown_version
         && backend.cfg.verify_body == crate::config::VerifyBody::Auto
-        && mh.method.as_deref().is_some_and(|m| {
-            !(state.cache.enabled() && protocol::is_cacheable_method(m))
-        })
+        && mh
+            .method
+            .as_deref()
+            .is_some_and(|m| !(state.cache.enabled() && protocol::is_cacheable_method(m)))
 }
 
 /// Step 5, dispatch: the one `match` on the method, for every request portico reads (modern
@@ -282,7 +283,10 @@ async fn cached(
     // The param that selects the result: `uri` for a read (as JSON, like the cursor), else
     // the cursor. Anything else in params does not shape a cacheable result (digest §3).
     let uri_json = match env.method.as_str() {
-        "resources/read" => env.name.as_ref().map(|u| Value::from(u.as_str()).to_string()),
+        "resources/read" => env
+            .name
+            .as_ref()
+            .map(|u| Value::from(u.as_str()).to_string()),
         _ => None,
     };
     let key = KeyInput {
@@ -294,7 +298,9 @@ async fn cached(
         capabilities: env.client_capabilities.as_deref(),
     };
     let partition = Partition::from_authorization(
-        headers.get(header::AUTHORIZATION).map(HeaderValue::as_bytes),
+        headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
     );
     let served = state
         .cache
@@ -342,7 +348,10 @@ async fn final_message(reply: Reply, backend: &Backend) -> Result<Bytes, Gateway
 /// portico authenticates operators; the answer says what was purged.
 pub const ADMIN_PURGE_PATH: &str = "/admin/cache/purge";
 
-fn admin_purge(state: &State, parts: &http::request::Parts) -> Result<Response<Body>, GatewayError> {
+fn admin_purge(
+    state: &State,
+    parts: &http::request::Parts,
+) -> Result<Response<Body>, GatewayError> {
     let peer_is_loopback = parts
         .extensions
         .get::<crate::server::PeerAddr>()
@@ -374,7 +383,10 @@ fn admin_purge(state: &State, parts: &http::request::Parts) -> Result<Response<B
         }
     };
     tracing::info!(target: "portico::admin", %purged, "cache purged");
-    Ok(json_response(StatusCode::OK, Bytes::from(purged.to_string())))
+    Ok(json_response(
+        StatusCode::OK,
+        Bytes::from(purged.to_string()),
+    ))
 }
 
 /// Sends a modern message to a modern backend on the message path.

@@ -500,6 +500,12 @@ async fn answer(
                     json!({"contents":[{"uri":uri,"text":"mock resource"}]}),
                     true,
                 )
+            } else if uri == "mock://needs-input" && modern {
+                // An MRTR round: the server needs input first. Carries a ttlMs to prove that
+                // portico never caches an `input_required` result even when told a TTL.
+                json!({"jsonrpc":"2.0","id":id,"result":{"resultType":"input_required","ttlMs":60000,"cacheScope":"public",
+                    "inputRequests":{"q":{"method":"elicitation/create","params":{"message":"why?","requestedSchema":{"type":"object"}}}},
+                    "requestState":"s1"}})
             } else if modern {
                 json!({"jsonrpc":"2.0","id":id,"error":{"code":-32602,"message":"Resource not found","data":{"uri":uri}}})
             } else {
