@@ -35,6 +35,7 @@ use crate::protocol::{
     is_cacheable_method, meta, status_for_code,
 };
 use crate::router::{Backend, Verdict};
+use crate::upstream::stdio::{CallOptions, StdioUpstream};
 use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
 
 /// Per-backend bridge state.
@@ -208,7 +209,9 @@ pub async fn ensure_verdict(b: &Backend) -> Result<Verdict, GatewayError> {
         Upstream::Stdio(s) => {
             let probe_deadline =
                 Instant::now() + std::time::Duration::from_millis(b.cfg.probe_timeout_ms);
-            match s.call(probe_body(), probe_deadline).await {
+            // `request`, not `call`: a silent legacy server must not receive
+            // `notifications/cancelled` for the probe before its `initialize`.
+            match s.request(probe_body(), probe_deadline).await {
                 Ok(reply) => match collect(reply).await {
                     Ok(messages) => classify_stdio(Some(&messages)),
                     Err(UpstreamError::Timeout) => classify_stdio(None),
@@ -280,6 +283,29 @@ fn initialize_body(id: &str) -> Bytes {
 
 const INITIALIZED: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
 
+/// Sends `initialize` to one stdio child generation and returns the answer with that generation:
+/// the session is bound to the child it was made with. Pinned so the generation recorded is the
+/// child that really answered; a child that died in between is retried on its successor once.
+/// Never cancelled (the spec forbids cancelling `initialize`).
+async fn initialize_stdio(
+    s: &StdioUpstream,
+    id: &str,
+    deadline: Instant,
+) -> Result<(Reply, u64), UpstreamError> {
+    let mut again = true;
+    loop {
+        let generation = s.generation();
+        let opts = CallOptions {
+            cancel_on_drop: false,
+            generation: Some(generation),
+        };
+        match s.call_with(initialize_body(id), deadline, opts).await {
+            Err(UpstreamError::Restarted) if again => again = false,
+            r => return r.map(|reply| (reply, generation)),
+        }
+    }
+}
+
 /// Runs the legacy handshake: `initialize` (newest revision first; the server echoes it or
 /// counter-offers its own), then `notifications/initialized`.
 async fn initialize(b: &Backend, deadline: Instant) -> Result<LegacySession, GatewayError> {
@@ -305,9 +331,7 @@ async fn initialize(b: &Backend, deadline: Instant) -> Result<LegacySession, Gat
             (messages, sid, 0)
         }
         Upstream::Stdio(s) => {
-            let generation = s.generation();
-            let reply = s
-                .request(initialize_body(&id), deadline)
+            let (reply, generation) = initialize_stdio(s, &id, deadline)
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
             let messages = collect(reply).await.map_err(|e| upstream_err(b, &e))?;
@@ -605,7 +629,9 @@ pub async fn call(
         let (up_body, token) = to_legacy(body, upstream_id)?;
         let Some(client_id) = client_id else {
             // A notification: pass it on.
-            send_raw(b, &s, up_body, client_headers, deadline).await?;
+            send_raw(b, &s, up_body, client_headers, deadline)
+                .await
+                .map_err(|e| upstream_err(b, &e))?;
             return Ok(Reply {
                 status: StatusCode::ACCEPTED,
                 headers: HeaderMap::new(),
@@ -622,22 +648,30 @@ pub async fn call(
             server_info: s.init.get("serverInfo").cloned(),
         };
         // Armed from here: if this future or the answer stream is dropped before the answer,
-        // the server hears `notifications/cancelled`.
-        let guard = CancelGuard {
+        // the server hears `notifications/cancelled`. Over stdio the transport does that itself
+        // (with the id it wrote on the pipe), so the guard stays disarmed there.
+        let mut guard = CancelGuard {
             backend: b.clone(),
             session: s.clone(),
             upstream_id,
-            armed: true,
+            armed: !matches!(b.upstream, Upstream::Stdio(_)),
         };
-        let reply = send_raw(b, &s, up_body, client_headers, deadline).await?;
+        let reply = match send_raw(b, &s, up_body, client_headers, deadline).await {
+            Ok(reply) => reply,
+            // The stdio child restarted before the request was written: the new child has not
+            // been through `initialize`. Nothing reached the server, so a retry is safe.
+            Err(UpstreamError::Restarted) if attempt == 0 => {
+                guard.armed = false;
+                tracing::info!(backend = %b.name, "stdio server restarted; re-initializing");
+                forget_session(b, &s);
+                continue;
+            }
+            Err(e) => return Err(upstream_err(b, &e)),
+        };
         if session_lost(reply.status, &reply.messages) && attempt == 0 {
-            let mut guard = guard;
             guard.armed = false;
             tracing::info!(backend = %b.name, "legacy session lost; re-initializing");
-            let current = b.bridge.session.load_full();
-            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &s)) {
-                b.bridge.session.store(None);
-            }
+            forget_session(b, &s);
             continue;
         }
         return Ok(translate(reply, mapping, guard));
@@ -648,14 +682,23 @@ pub async fn call(
     })
 }
 
-/// Sends an already-translated message within the session.
+/// Drops the backend's session if it is still `s` (a concurrent request may have replaced it).
+fn forget_session(b: &Backend, s: &Arc<LegacySession>) {
+    let current = b.bridge.session.load_full();
+    if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, s)) {
+        b.bridge.session.store(None);
+    }
+}
+
+/// Sends an already-translated message within the session. Over stdio a request is pinned to
+/// the child generation the session was initialized on (`UpstreamError::Restarted` otherwise).
 async fn send_raw(
     b: &Backend,
     s: &LegacySession,
     body: Bytes,
     client_headers: &HeaderMap,
     deadline: Instant,
-) -> Result<Reply, GatewayError> {
+) -> Result<Reply, UpstreamError> {
     match &b.upstream {
         Upstream::Http(up) => {
             let mut extra = base_headers();
@@ -674,24 +717,24 @@ async fn send_raw(
                 }
             }
             let req = up.request(&HeaderMap::new(), &extra, body);
-            up.call(req, deadline)
-                .await
-                .map_err(|e| upstream_err(b, &e))
+            up.call(req, deadline).await
         }
         Upstream::Stdio(st) => {
             if crate::protocol::sniff_id(&body).is_none() {
-                st.notify(body).await.map_err(|e| upstream_err(b, &e))?;
+                st.notify(body).await?;
                 return Ok(Reply {
                     status: StatusCode::ACCEPTED,
                     headers: HeaderMap::new(),
                     messages: MessageStream::Empty,
                 });
             }
-            st.call(body, deadline)
-                .await
-                .map_err(|e| upstream_err(b, &e))
+            let opts = CallOptions {
+                cancel_on_drop: true,
+                generation: Some(s.generation),
+            };
+            st.call_with(body, deadline, opts).await
         }
-        Upstream::Builtin(_) => Err(GatewayError::Internal("builtin is modern".into())),
+        Upstream::Builtin(_) => Err(UpstreamError::Protocol("built-in servers are modern".into())),
     }
 }
 

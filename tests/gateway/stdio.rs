@@ -220,7 +220,7 @@ async fn child_exit_fails_in_flight_calls_at_once_and_a_later_call_restarts_it()
             pinned,
         )
         .await;
-    assert!(matches!(r, Err(UpstreamError::Closed(_))), "{:?}", r.err());
+    assert!(matches!(r, Err(UpstreamError::Restarted)), "{:?}", r.err());
 
     let again = call_tool(&up, "pid", json!({})).await.expect("restarted");
     let pid2 = again["result"]["structuredContent"]["pid"]

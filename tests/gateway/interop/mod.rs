@@ -6,6 +6,7 @@
 
 mod core;
 mod legacy;
+mod stdio;
 
 use serde_json::Value;
 use std::path::PathBuf;
