@@ -734,7 +734,9 @@ async fn send_raw(
             };
             st.call_with(body, deadline, opts).await
         }
-        Upstream::Builtin(_) => Err(UpstreamError::Protocol("built-in servers are modern".into())),
+        Upstream::Builtin(_) => Err(UpstreamError::Protocol(
+            "built-in servers are modern".into(),
+        )),
     }
 }
 

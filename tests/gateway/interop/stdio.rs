@@ -30,7 +30,11 @@ fn child_with_tag(tag: &str) -> Option<u32> {
     let me = std::process::id();
     let needle = format!("PORTICO_TEST_TAG={tag}");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -115,7 +119,9 @@ async fn typescript_sdk_stdio_server_is_bridged_for_modern_clients() {
     let url = gw.url("/mcp/ts");
     check_shapes(&url, "demo://greeting").await;
     // portico answers discover from the InitializeResult: the bridge's defaults, not a server's.
-    let d = mcp(&url, json!(1), "server/discover", json!({})).await.result();
+    let d = mcp(&url, json!(1), "server/discover", json!({}))
+        .await
+        .result();
     assert_eq!(d["result"]["cacheScope"], "private", "{d}");
     assert_eq!(d["result"]["ttlMs"], 0);
     assert_eq!(
@@ -146,8 +152,14 @@ async fn python_sdk_stdio_server_takes_the_modern_path() {
     check_shapes(&url, "demo://greeting").await;
     // The server's own discover result and cache hints (py_server.py: 60000 ms, public) come
     // through untouched: no bridge in between.
-    let d = mcp(&url, json!(1), "server/discover", json!({})).await.result();
-    assert_eq!(d["result"]["supportedVersions"], json!(["2026-07-28"]), "{d}");
+    let d = mcp(&url, json!(1), "server/discover", json!({}))
+        .await
+        .result();
+    assert_eq!(
+        d["result"]["supportedVersions"],
+        json!(["2026-07-28"]),
+        "{d}"
+    );
     assert_eq!(d["result"]["ttlMs"], 60000);
     assert_eq!(d["result"]["cacheScope"], "public");
     let l = mcp(&url, json!(2), "tools/list", json!({})).await.result();
