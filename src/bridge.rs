@@ -9,6 +9,11 @@
 //!   requests from different clients never collide inside the session (legacy ids must be unique
 //!   within a session; clients all start at 1). A lost session (404) is re-initialized and the
 //!   request retried once.
+//! - **stdio**: the session is the child process. Every bridged call is pinned to the child
+//!   generation the session was initialized on; a call that meets a restarted child is refused
+//!   by the transport before it is written (`UpstreamError::Restarted`), so portico
+//!   re-initializes and retries it once. Server-initiated requests never reach the bridge there:
+//!   the stdio transport answers them itself (`ping` → `{}`, the rest → `-32601`, logged).
 //! - **Translation both ways**: reserved 2026 `_meta` keys are stripped going up; results coming
 //!   back get `resultType`, `ttlMs`/`cacheScope` (from config, default private), serverInfo, and
 //!   `-32002` becomes `-32602`.

@@ -244,7 +244,9 @@ async fn stdio_pipe_is_shared_by_concurrent_clients_with_one_id_and_token() {
         let url = gw.url(&format!("/mcp/{name}"));
         // Warm up (probe, handshake) so the burst measures the pipe, not the first spawn.
         assert_eq!(text_of(&echo(&url, json!(0), "warm").await), "warm");
+        let started = Instant::now();
         multiplex(&url).await;
+        eprintln!("{name}: 100 concurrent calls in {:?}", started.elapsed());
     }
     gw.stop().await;
 }
@@ -280,6 +282,10 @@ async fn survive_kill(url: &str, tag: &str) {
         .await
         .expect("the in-flight call does not hang")
         .unwrap();
+    eprintln!(
+        "{tag}: the in-flight call failed {:?} after the kill",
+        failed_at - killed_at
+    );
     assert!(
         failed_at - killed_at < std::time::Duration::from_secs(1),
         "error after {:?}",
@@ -305,6 +311,10 @@ async fn survive_kill(url: &str, tag: &str) {
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+    eprintln!(
+        "{tag}: first success {:?} after the kill ({n} attempts)",
+        killed_at.elapsed()
+    );
     let new_pid = child_with_tag(tag).expect("a restarted child");
     assert_ne!(new_pid, pid);
     assert!(!alive(pid));
