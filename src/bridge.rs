@@ -9,6 +9,11 @@
 //!   requests from different clients never collide inside the session (legacy ids must be unique
 //!   within a session; clients all start at 1). A lost session (404) is re-initialized and the
 //!   request retried once.
+//! - **stdio**: the session is the child process. Every bridged call is pinned to the child
+//!   generation the session was initialized on; a call that meets a restarted child is refused
+//!   by the transport before it is written (`UpstreamError::Restarted`), so portico
+//!   re-initializes and retries it once. Server-initiated requests never reach the bridge there:
+//!   the stdio transport answers them itself (`ping` → `{}`, the rest → `-32601`, logged).
 //! - **Translation both ways**: reserved 2026 `_meta` keys are stripped going up; results coming
 //!   back get `resultType`, `ttlMs`/`cacheScope` (from config, default private), serverInfo, and
 //!   `-32002` becomes `-32602`.
@@ -35,6 +40,7 @@ use crate::protocol::{
     is_cacheable_method, meta, status_for_code,
 };
 use crate::router::{Backend, Verdict};
+use crate::upstream::stdio::{CallOptions, StdioUpstream};
 use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
 
 /// Per-backend bridge state.
@@ -208,7 +214,9 @@ pub async fn ensure_verdict(b: &Backend) -> Result<Verdict, GatewayError> {
         Upstream::Stdio(s) => {
             let probe_deadline =
                 Instant::now() + std::time::Duration::from_millis(b.cfg.probe_timeout_ms);
-            match s.call(probe_body(), probe_deadline).await {
+            // `request`, not `call`: a silent legacy server must not receive
+            // `notifications/cancelled` for the probe before its `initialize`.
+            match s.request(probe_body(), probe_deadline).await {
                 Ok(reply) => match collect(reply).await {
                     Ok(messages) => classify_stdio(Some(&messages)),
                     Err(UpstreamError::Timeout) => classify_stdio(None),
@@ -281,6 +289,29 @@ fn initialize_body(id: &str) -> Bytes {
 
 const INITIALIZED: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
 
+/// Sends `initialize` to one stdio child generation and returns the answer with that generation:
+/// the session is bound to the child it was made with. Pinned so the generation recorded is the
+/// child that really answered; a child that died in between is retried on its successor once.
+/// Never cancelled (the spec forbids cancelling `initialize`).
+async fn initialize_stdio(
+    s: &StdioUpstream,
+    id: &str,
+    deadline: Instant,
+) -> Result<(Reply, u64), UpstreamError> {
+    let mut again = true;
+    loop {
+        let generation = s.generation();
+        let opts = CallOptions {
+            cancel_on_drop: false,
+            generation: Some(generation),
+        };
+        match s.call_with(initialize_body(id), deadline, opts).await {
+            Err(UpstreamError::Restarted) if again => again = false,
+            r => return r.map(|reply| (reply, generation)),
+        }
+    }
+}
+
 /// Runs the legacy handshake: `initialize` (newest revision first; the server echoes it or
 /// counter-offers its own), then `notifications/initialized`.
 async fn initialize(b: &Backend, deadline: Instant) -> Result<LegacySession, GatewayError> {
@@ -306,9 +337,7 @@ async fn initialize(b: &Backend, deadline: Instant) -> Result<LegacySession, Gat
             (messages, sid, 0)
         }
         Upstream::Stdio(s) => {
-            let generation = s.generation();
-            let reply = s
-                .request(initialize_body(&id), deadline)
+            let (reply, generation) = initialize_stdio(s, &id, deadline)
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
             let messages = collect(reply).await.map_err(|e| upstream_err(b, &e))?;
@@ -606,7 +635,9 @@ pub async fn call(
         let (up_body, token) = to_legacy(body, upstream_id)?;
         let Some(client_id) = client_id else {
             // A notification: pass it on.
-            send_raw(b, &s, up_body, client_headers, deadline).await?;
+            send_raw(b, &s, up_body, client_headers, deadline)
+                .await
+                .map_err(|e| upstream_err(b, &e))?;
             return Ok(Reply {
                 status: StatusCode::ACCEPTED,
                 headers: HeaderMap::new(),
@@ -623,22 +654,30 @@ pub async fn call(
             server_info: s.init.get("serverInfo").cloned(),
         };
         // Armed from here: if this future or the answer stream is dropped before the answer,
-        // the server hears `notifications/cancelled`.
-        let guard = CancelGuard {
+        // the server hears `notifications/cancelled`. Over stdio the transport does that itself
+        // (with the id it wrote on the pipe), so the guard stays disarmed there.
+        let mut guard = CancelGuard {
             backend: b.clone(),
             session: s.clone(),
             upstream_id,
-            armed: true,
+            armed: !matches!(b.upstream, Upstream::Stdio(_)),
         };
-        let reply = send_raw(b, &s, up_body, client_headers, deadline).await?;
+        let reply = match send_raw(b, &s, up_body, client_headers, deadline).await {
+            Ok(reply) => reply,
+            // The stdio child restarted before the request was written: the new child has not
+            // been through `initialize`. Nothing reached the server, so a retry is safe.
+            Err(UpstreamError::Restarted) if attempt == 0 => {
+                guard.armed = false;
+                tracing::info!(backend = %b.name, "stdio server restarted; re-initializing");
+                forget_session(b, &s);
+                continue;
+            }
+            Err(e) => return Err(upstream_err(b, &e)),
+        };
         if session_lost(reply.status, &reply.messages) && attempt == 0 {
-            let mut guard = guard;
             guard.armed = false;
             tracing::info!(backend = %b.name, "legacy session lost; re-initializing");
-            let current = b.bridge.session.load_full();
-            if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &s)) {
-                b.bridge.session.store(None);
-            }
+            forget_session(b, &s);
             continue;
         }
         return Ok(translate(reply, mapping, guard));
@@ -649,14 +688,23 @@ pub async fn call(
     })
 }
 
-/// Sends an already-translated message within the session.
+/// Drops the backend's session if it is still `s` (a concurrent request may have replaced it).
+fn forget_session(b: &Backend, s: &Arc<LegacySession>) {
+    let current = b.bridge.session.load_full();
+    if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, s)) {
+        b.bridge.session.store(None);
+    }
+}
+
+/// Sends an already-translated message within the session. Over stdio a request is pinned to
+/// the child generation the session was initialized on (`UpstreamError::Restarted` otherwise).
 async fn send_raw(
     b: &Backend,
     s: &LegacySession,
     body: Bytes,
     client_headers: &HeaderMap,
     deadline: Instant,
-) -> Result<Reply, GatewayError> {
+) -> Result<Reply, UpstreamError> {
     match &b.upstream {
         Upstream::Http(up) => {
             let mut extra = base_headers();
@@ -675,24 +723,26 @@ async fn send_raw(
                 }
             }
             let req = up.request(&HeaderMap::new(), &extra, body);
-            up.call(req, deadline)
-                .await
-                .map_err(|e| upstream_err(b, &e))
+            up.call(req, deadline).await
         }
         Upstream::Stdio(st) => {
             if crate::protocol::sniff_id(&body).is_none() {
-                st.notify(body).await.map_err(|e| upstream_err(b, &e))?;
+                st.notify(body).await?;
                 return Ok(Reply {
                     status: StatusCode::ACCEPTED,
                     headers: HeaderMap::new(),
                     messages: MessageStream::Empty,
                 });
             }
-            st.call(body, deadline)
-                .await
-                .map_err(|e| upstream_err(b, &e))
+            let opts = CallOptions {
+                cancel_on_drop: true,
+                generation: Some(s.generation),
+            };
+            st.call_with(body, deadline, opts).await
         }
-        Upstream::Builtin(_) => Err(GatewayError::Internal("builtin is modern".into())),
+        Upstream::Builtin(_) => Err(UpstreamError::Protocol(
+            "built-in servers are modern".into(),
+        )),
     }
 }
 

@@ -208,6 +208,10 @@ impl GatewayError {
                 backend: backend.to_string(),
                 detail: d.clone(),
             },
+            UpstreamError::Restarted => GatewayError::BackendFailed {
+                backend: backend.to_string(),
+                detail: e.to_string(),
+            },
         }
     }
 }

@@ -40,6 +40,11 @@ pub enum UpstreamError {
     /// Too many requests in flight to this backend.
     #[error("overloaded")]
     Overloaded,
+    /// The request was pinned to a stdio child generation that is gone: the child restarted
+    /// before the request was written, so the backend never saw it and it is safe to resend
+    /// after a new handshake.
+    #[error("closed: stdio server restarted; handshake needed")]
+    Restarted,
 }
 
 /// Decoded JSON-RPC messages of one answer, in arrival order: notifications about the request

@@ -75,8 +75,8 @@ pub struct CallOptions {
     /// must never be cancelled.
     pub cancel_on_drop: bool,
     /// Write the request only to this child generation (see [`StdioUpstream::generation`]). If
-    /// the child restarted in between, the call fails with `Closed` instead of reaching a fresh
-    /// legacy server that has not been through `initialize`.
+    /// the child restarted in between, the call fails with `Restarted` instead of reaching a
+    /// fresh legacy server that has not been through `initialize`.
     pub generation: Option<u64>,
 }
 
@@ -623,9 +623,7 @@ impl Actor {
                     return None; // the caller left before it was ever sent
                 }
                 if pending.generation.is_some_and(|g| g != generation) {
-                    let e =
-                        UpstreamError::Closed("stdio server restarted; handshake needed".into());
-                    pending.finish(Err(e));
+                    pending.finish(Err(UpstreamError::Restarted));
                     return None;
                 }
                 self.pending.insert(gid, pending);

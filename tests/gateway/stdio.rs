@@ -220,7 +220,7 @@ async fn child_exit_fails_in_flight_calls_at_once_and_a_later_call_restarts_it()
             pinned,
         )
         .await;
-    assert!(matches!(r, Err(UpstreamError::Closed(_))), "{:?}", r.err());
+    assert!(matches!(r, Err(UpstreamError::Restarted)), "{:?}", r.err());
 
     let again = call_tool(&up, "pid", json!({})).await.expect("restarted");
     let pid2 = again["result"]["structuredContent"]["pid"]
@@ -521,4 +521,124 @@ async fn stderr_is_logged_with_a_rate_limit() {
             .any(|l| l.contains("suppressed") && l.contains("backend=s")),
         "{text}"
     );
+}
+
+// === Through the gateway: the legacy bridge over stdio ===
+
+mod bridged {
+    use super::MOCK;
+    use crate::common::{Gateway, Resp, mcp};
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    /// A gateway with one stdio backend running the mock with `args`.
+    async fn gateway(args: &[&str], extra: &str) -> Gateway {
+        let mut cmd = vec!["python3".to_string(), MOCK.to_string()];
+        cmd.extend(args.iter().map(|a| a.to_string()));
+        Gateway::start(&format!(
+            "[log]\naccess = false\n[[backends]]\nname = \"s\"\ncommand = {}\n{extra}",
+            serde_json::to_string(&cmd).unwrap()
+        ))
+        .await
+    }
+
+    async fn call(url: &str, id: Value, name: &str, args: Value) -> Resp {
+        mcp(
+            url,
+            id,
+            "tools/call",
+            json!({"name": name, "arguments": args}),
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_silent_stdio_server_is_probed_as_legacy_and_bridged() {
+        let gw = gateway(
+            &["--legacy", "--silent-discover"],
+            "probe_timeout_ms = 300\n",
+        )
+        .await;
+        let url = gw.url("/mcp/s");
+        let r = call(&url, json!(1), "echo", json!({"text": "hi"})).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let res = &r.json()["result"];
+        assert_eq!(res["content"][0]["text"], "hi");
+        assert_eq!(res["resultType"], "complete", "translated to 2026-07-28");
+        assert!(
+            res["structuredContent"]["seenId"].is_u64(),
+            "the server saw a gateway id, not the client's: {res}"
+        );
+        let d = mcp(&url, json!(2), "server/discover", json!({}))
+            .await
+            .json();
+        let d = &d["result"];
+        assert_eq!(
+            d["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+            "stdio-mock"
+        );
+        assert_eq!(
+            d["cacheScope"], "private",
+            "the safe default for a legacy server"
+        );
+        let l = mcp(&url, json!(3), "tools/list", json!({})).await.json();
+        assert_eq!(l["result"]["ttlMs"], 0);
+        assert_eq!(l["result"]["cacheScope"], "private");
+        // The probe was never cancelled: a server that has not been initialized hears nothing
+        // but `initialize` after it.
+        let c = call(&url, json!(4), "cancelled_ids", json!({}))
+            .await
+            .json();
+        assert_eq!(c["result"]["structuredContent"]["cancelled"], json!([]));
+        gw.stop().await;
+    }
+
+    #[tokio::test]
+    async fn server_requests_of_a_legacy_stdio_server_are_answered() {
+        let gw = gateway(&["--legacy"], "").await;
+        let url = gw.url("/mcp/s");
+        let r = call(&url, json!(1), "ping_me", json!({})).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let answer = &r.json()["result"]["structuredContent"]["answer"];
+        assert_eq!(answer["result"], json!({}), "ping answered: {answer}");
+        let r = call(&url, json!(2), "ask", json!({})).await;
+        let answer = &r.json()["result"]["structuredContent"]["answer"];
+        assert_eq!(
+            answer["error"]["code"], -32601,
+            "elicitation refused: {answer}"
+        );
+        gw.stop().await;
+    }
+
+    /// A request that got the session while the old child was still (apparently) up, but is
+    /// written only after the restart, must not reach the fresh, un-initialized child: it is
+    /// refused as `Restarted`, the bridge re-initializes and retries it once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_legacy_stdio_session_follows_the_child_across_restarts() {
+        let gw = gateway(&["--legacy"], "").await;
+        let url = gw.url("/mcp/s");
+        let r = call(&url, json!(1), "pid", json!({})).await;
+        let pid = r.json()["result"]["structuredContent"]["pid"].clone();
+        assert!(pid.is_u64(), "{:?}", r.body);
+        // The child closes stdout and takes 400 ms to exit; requests sent meanwhile are queued
+        // for the child generation that is about to die.
+        let dying = {
+            let url = url.clone();
+            tokio::spawn(async move { call(&url, json!(2), "slow_exit", json!({"ms": 400})).await })
+        };
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let r = call(&url, json!(3), "echo", json!({"text": "after"})).await;
+        assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
+        let res = &r.json()["result"];
+        assert_eq!(res["content"][0]["text"], "after");
+        let r = call(&url, json!(4), "pid", json!({})).await;
+        assert_ne!(
+            r.json()["result"]["structuredContent"]["pid"],
+            pid,
+            "a new child"
+        );
+        let dying = dying.await.unwrap();
+        assert_eq!(dying.status, 502, "{:?}", dying.body);
+        gw.stop().await;
+    }
 }

@@ -11,7 +11,7 @@ fn one_backend(name: &str, url: &str) -> String {
 }
 
 /// Raw 2026-07-28 checks: every result has resultType; lists and reads have ttlMs/cacheScope.
-async fn check_shapes(url: &str, resource: &str) {
+pub(super) async fn check_shapes(url: &str, resource: &str) {
     for (method, params, cacheable) in [
         ("server/discover", json!({}), true),
         ("tools/list", json!({}), true),

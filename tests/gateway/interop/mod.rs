@@ -7,6 +7,7 @@
 mod cache;
 mod core;
 mod legacy;
+mod stdio;
 
 use serde_json::Value;
 use std::path::PathBuf;
