@@ -8,3 +8,4 @@ mod core;
 mod interop;
 mod legacy;
 mod stdio;
+mod stdio_front;
