@@ -260,7 +260,15 @@ pub async fn serve_stdio<R, W>(
                         inflight: &mut inflight,
                         session: &mut session,
                     };
-                    line.serve(Bytes::from(text)).await;
+                    // Usually quick (parse, spawn); `initialize` waits for the backend, and a
+                    // signal must not wait for it.
+                    tokio::select! {
+                        _ = line.serve(Bytes::from(text)) => {}
+                        _ = &mut shutdown => {
+                            tracing::info!("shutdown signal: no more input read");
+                            break;
+                        }
+                    }
                 }
                 Ok(Some(Line::TooLong(len))) => {
                     tracing::warn!(len, limit = max_line, "stdin line too long; skipped");
