@@ -58,6 +58,11 @@ pub const STDIO_SESSION_TTL_MS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
 const OUT_QUEUE: usize = 256;
 /// Largest single answer message relayed as one line.
 const MAX_ANSWER_BYTES: usize = crate::sse::DEFAULT_MAX_EVENT_BYTES;
+/// Requests handled at once; past this, stdin is not read until one finishes (backpressure on a
+/// client that pipes faster than the backend answers).
+const MAX_IN_FLIGHT: usize = 1024;
+/// stdout buffer; flushed whenever no line is waiting.
+const WRITE_BUFFER: usize = 64 * 1024;
 /// The `Accept` header a Streamable HTTP client sends.
 const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 
@@ -250,7 +255,7 @@ pub async fn serve_stdio<R, W>(
                 };
                 inflight.finished(task);
             }
-            line = lines.next_line() => match line {
+            line = lines.next_line(), if tasks.len() < MAX_IN_FLIGHT => match line {
                 Ok(Some(Line::Text(text))) => {
                     let mut line = LineCtx {
                         state: &state,
@@ -358,7 +363,7 @@ impl LineCtx<'_> {
                     version,
                 });
             }
-            relay(resp, id.as_ref(), true, self.out).await;
+            relay(resp, id.as_ref(), true, self.path, self.out).await;
             return;
         }
         if let Some(rid) = &id
@@ -376,9 +381,10 @@ impl LineCtx<'_> {
         let state = self.state.clone();
         let out = self.out.clone();
         let task_id = id.clone();
+        let route: Arc<str> = self.path.into();
         let handle = self.tasks.spawn(async move {
             let resp = crate::proxy::handle(state, req).await;
-            relay(resp, task_id.as_ref(), answers, &out).await;
+            relay(resp, task_id.as_ref(), answers, &route, &out).await;
         });
         if let (Some(id), true) = (id, answers) {
             self.inflight.insert(id, handle);
@@ -452,6 +458,7 @@ async fn relay(
     resp: Response<Body>,
     id: Option<&RequestId>,
     answers: bool,
+    route: &str,
     out: &mpsc::Sender<Bytes>,
 ) {
     let (parts, mut body) = resp.into_parts();
@@ -487,6 +494,7 @@ async fn relay(
                             Err(_) => {
                                 return fail(
                                     id,
+                                    route,
                                     "an answer message is larger than the relay limit",
                                     out,
                                 )
@@ -512,7 +520,7 @@ async fn relay(
     };
     if !answered {
         let why = failure.unwrap_or_else(|| "the answer stream ended without a response".into());
-        fail(id, &why, out).await;
+        fail(id, route, &why, out).await;
     }
 }
 
@@ -537,9 +545,9 @@ async fn emit(msg: &[u8], out: &mpsc::Sender<Bytes>) -> bool {
 }
 
 /// The error line that stands in for an answer the upstream never gave.
-async fn fail(id: Option<&RequestId>, why: &str, out: &mpsc::Sender<Bytes>) {
+async fn fail(id: Option<&RequestId>, route: &str, why: &str, out: &mpsc::Sender<Bytes>) {
     let err = GatewayError::BackendFailed {
-        backend: "upstream".into(),
+        backend: route.to_string(),
         detail: why.to_string(),
     };
     let _ = out.send(Bytes::from(err.to_message(id))).await;
@@ -558,12 +566,15 @@ async fn read_capped(body: Body) -> Result<Bytes, String> {
 
 /// The only writer of stdout: whole lines, in the order they were queued; flushed whenever the
 /// queue runs dry so an answer is never held back waiting for the next.
-async fn write_lines<W: AsyncWrite + Unpin>(mut w: W, mut rx: mpsc::Receiver<Bytes>) {
+async fn write_lines<W: AsyncWrite + Unpin>(w: W, mut rx: mpsc::Receiver<Bytes>) {
+    // Buffered: tokio's stdout costs a blocking-pool round trip per write.
+    let mut w = tokio::io::BufWriter::with_capacity(WRITE_BUFFER, w);
     while let Some(msg) = rx.recv().await {
-        let mut line = Vec::with_capacity(msg.len() + 1);
-        line.extend_from_slice(&msg);
-        line.push(b'\n');
-        if let Err(error) = w.write_all(&line).await {
+        let mut written = w.write_all(&msg).await;
+        if written.is_ok() {
+            written = w.write_all(b"\n").await;
+        }
+        if let Err(error) = written {
             tracing::warn!(%error, "cannot write to stdout; answers are dropped");
             break;
         }

@@ -25,10 +25,15 @@ struct StdioProc {
 
 impl StdioProc {
     fn spawn(args: &[&str]) -> StdioProc {
+        Self::spawn_env(args, &[])
+    }
+
+    fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> StdioProc {
         let mut child = Command::new(portico())
             .arg("stdio")
             .args(args)
             .env("RUST_LOG", "portico=debug")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -220,6 +225,33 @@ async fn a_json_only_legacy_upstream_serves_a_modern_stdio_client() {
     let (rest, status) = p.finish().await;
     assert!(rest.is_empty(), "{rest:?}");
     assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn command_line_headers_reach_the_upstream_with_env_expanded() {
+    let mock = MockMcp::modern().start().await;
+    let mut p = StdioProc::spawn_env(
+        &[
+            "--url",
+            &mock.url(),
+            "--header",
+            "Authorization: Bearer ${PORTICO_STDIO_TEST_TOKEN}",
+        ],
+        &[("PORTICO_STDIO_TEST_TOKEN", "s3cret")],
+    );
+    p.request(
+        json!(1),
+        "tools/call",
+        json!({"name":"whoami","arguments":{}}),
+    )
+    .await;
+    let who = p.answer(json!(1)).await;
+    assert_eq!(
+        who["result"]["content"][0]["text"], "Bearer s3cret",
+        "{who}"
+    );
+    let (_, status) = p.finish().await;
+    assert!(status.success());
 }
 
 #[tokio::test]
@@ -502,5 +534,86 @@ async fn bad_command_lines_are_refused_with_usage() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let _ = std::fs::remove_file(&cfg);
+}
+
+/// A "modern" upstream that answers every POST with an SSE stream holding one progress
+/// notification and then closes it: the answer never comes.
+async fn truncating_upstream() -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut req = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Ok(n) = tcp.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    req.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&req).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if req.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                let event = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":\"t\",\"progress\":1}}\n\n";
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{event}",
+                    event.len()
+                );
+                let _ = tcp.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn an_answer_stream_that_ends_without_a_response_becomes_an_error_line() {
+    let (url, server) = truncating_upstream().await;
+    let cfg = temp_config(
+        "truncating",
+        &format!(
+            "[log]\naccess = false\n[[backends]]\nname = \"cut\"\nurl = \"{url}\"\nprotocol = \"modern\"\n"
+        ),
+    );
+    let mut p = StdioProc::spawn(&["--config", &cfg.display().to_string()]);
+    p.request(
+        json!(5),
+        "tools/call",
+        json!({"name":"progress","arguments":{},"_meta":{"progressToken":"t"}}),
+    )
+    .await;
+    let lines = p.until(&json!(5)).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(
+        lines[0]["method"], "notifications/progress",
+        "relayed as it came"
+    );
+    assert_eq!(lines[1]["error"]["code"], -32603, "{lines:?}");
+    assert!(
+        lines[1]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("/mcp/cut") && m.contains("without a response")),
+        "{lines:?}"
+    );
+    let (_, status) = p.finish().await;
+    assert!(status.success());
+    server.abort();
     let _ = std::fs::remove_file(&cfg);
 }
