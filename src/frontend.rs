@@ -14,7 +14,6 @@
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use crate::error::GatewayError;
 use crate::protocol::{
@@ -126,11 +125,11 @@ pub fn origin_allowed(origin: &[u8], allowed: &[String]) -> bool {
 
 /// Reads the whole body, never more than `limit` bytes. A declared length over the limit is
 /// refused before reading anything.
-pub async fn read_body(
-    body: Incoming,
-    headers: &HeaderMap,
-    limit: usize,
-) -> Result<Bytes, GatewayError> {
+pub async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<crate::body::BodyError>,
+{
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -18,6 +18,7 @@
 //! - [`demo`]: the built-in demo backend.
 //! - [`error`]: `GatewayError`, the only builder of error responses.
 //! - [`metrics`]: Prometheus registry; the only place metric names live.
+//! - [`stdio_front`]: `portico stdio`, the same pipeline for clients that speak stdio.
 //! - [`body`], [`sse`]: response body type; SSE decoding.
 
 #![forbid(unsafe_code)]
@@ -38,6 +39,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod stdio_front;
 pub mod upstream;
 
 use arc_swap::ArcSwap;

@@ -12,7 +12,6 @@
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
 use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use tokio::time::Instant;
@@ -76,8 +75,14 @@ impl RequestCtx {
     }
 }
 
-/// Entry point for every HTTP request on the client listener.
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+/// Entry point for every HTTP request on the client listener, and for the stdio front end
+/// (`stdio_front`), which turns each stdin line into an in-process request: the body type is
+/// generic so both feed the same pipeline.
+pub async fn handle<B>(state: Arc<State>, req: Request<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<crate::body::BodyError>,
+{
     let mut ctx = RequestCtx::new();
     let resp = match handle_inner(&state, &mut ctx, req).await {
         Ok(resp) => resp,
@@ -92,11 +97,15 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body>
     resp
 }
 
-async fn handle_inner(
+async fn handle_inner<B>(
     state: &State,
     ctx: &mut RequestCtx,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, GatewayError> {
+    req: Request<B>,
+) -> Result<Response<Body>, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<crate::body::BodyError>,
+{
     let (parts, body) = req.into_parts();
     // 1. route
     let path = parts.uri.path();

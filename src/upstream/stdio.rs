@@ -792,7 +792,7 @@ async fn log_stderr(stderr: ChildStderr, name: Arc<str>) {
 
 // === Lines and messages ===
 
-enum Line {
+pub(crate) enum Line {
     Text(Vec<u8>),
     /// A line longer than the limit was discarded; its length.
     TooLong(usize),
@@ -801,7 +801,7 @@ enum Line {
 /// Reads `\n`-terminated lines, holding at most `max` bytes: the rest of a longer line is
 /// discarded as it arrives. Cancel-safe (all state lives here; nothing is lost between awaits),
 /// so it can sit in a `select!`.
-struct LineReader<R> {
+pub(crate) struct LineReader<R> {
     inner: BufReader<R>,
     buf: Vec<u8>,
     max: usize,
@@ -810,7 +810,7 @@ struct LineReader<R> {
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
-    fn new(inner: R, max: usize) -> Self {
+    pub(crate) fn new(inner: R, max: usize) -> Self {
         LineReader {
             inner: BufReader::new(inner),
             buf: Vec::new(),
@@ -819,7 +819,7 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         }
     }
 
-    async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+    pub(crate) async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
         loop {
             let chunk = self.inner.fill_buf().await?;
             if chunk.is_empty() {

@@ -9,3 +9,4 @@ mod core;
 mod interop;
 mod legacy;
 mod stdio;
+mod stdio_front;

@@ -1,0 +1,639 @@
+//! The stdio front end: portico as the local bridge for MCP clients that can only launch a
+//! command and talk to it over stdin/stdout (`portico stdio …`, digest §5 and §7).
+//!
+//! Each stdin line becomes an in-process `http::Request` — a POST to the served endpoint with
+//! exactly the headers a Streamable HTTP client would send — and goes through the same pipeline
+//! as HTTP (`proxy::handle`): era detection, header and `_meta` checks, the legacy-client
+//! translation, the cache, the backend bridge. The `Response` is turned back into lines: a JSON
+//! body is one line, an SSE body is one line per event as it arrives, 202 is nothing. So
+//! everything the HTTP front end does, this one does, with no second dispatch to keep in step.
+//!
+//! What is stdio's own:
+//! - **Era per process.** A client that starts with `initialize` gets a legacy session for the
+//!   life of the process: the session id the pipeline mints is kept here and sent (with the
+//!   negotiated `MCP-Protocol-Version`) on every later line. Before that, lines are 2026-07-28
+//!   requests, served statelessly; their mirrored headers are copied from the body, so the
+//!   pipeline's `_meta` checks decide, not this module.
+//! - **Concurrency.** One task per request line, answered in any order; one writer task owns
+//!   stdout so lines never interleave. `initialize` runs inline, so the session exists before
+//!   its answer is written and before the client can send anything that needs it.
+//! - **Cancellation.** `notifications/cancelled` aborts the matching task: dropping its answer
+//!   closes the upstream stream (and the bridge tells a legacy upstream `notifications/cancelled`).
+//!   It is never forwarded: on HTTP, closing the stream *is* the cancel.
+//! - **Bad input.** A non-JSON line gets `-32700` (id null), an over-long line a `-32600` naming
+//!   the limit — skipped without buffering it — and the process keeps going. Notifications and
+//!   responses are never answered, even when the pipeline refuses them (JSON-RPC forbids it).
+//! - **Endings.** EOF on stdin or the shutdown signal stops reading; in-flight requests get up to
+//!   `server.drain_timeout_ms` to finish and be written, then the rest are dropped.
+//!
+//! Logs go to stderr (set up in `main`); stdout carries protocol lines only.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, header};
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+
+use crate::body::Body;
+use crate::config::{self, Config, ConfigError};
+use crate::error::GatewayError;
+use crate::frontend;
+use crate::metrics::Metrics;
+use crate::protocol::{self, EnvelopeError, Kind, LATEST_VERSION, RequestId, header as h};
+use crate::upstream::http::is_event_stream;
+use crate::upstream::stdio::{Line, LineReader};
+use crate::{StartError, State};
+
+/// The backend name `portico stdio --url` gives the one upstream it synthesizes.
+pub const URL_BACKEND_NAME: &str = "upstream";
+/// A stdio session lives as long as the process, so its sealed id must not expire first.
+pub const STDIO_SESSION_TTL_MS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
+/// Lines waiting for stdout; beyond this, producers wait (backpressure from a slow reader).
+const OUT_QUEUE: usize = 256;
+/// Largest single answer message relayed as one line.
+const MAX_ANSWER_BYTES: usize = crate::sse::DEFAULT_MAX_EVENT_BYTES;
+/// Requests handled at once; past this, stdin is not read until one finishes (backpressure on a
+/// client that pipes faster than the backend answers).
+const MAX_IN_FLIGHT: usize = 1024;
+/// stdout buffer; flushed whenever no line is waiting.
+const WRITE_BUFFER: usize = 64 * 1024;
+/// The `Accept` header a Streamable HTTP client sends.
+const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+
+/// How a stdio front end serves.
+#[derive(Debug, Clone)]
+pub struct StdioOptions {
+    /// The endpoint path (or backend name) to serve; `None` = the only one configured.
+    pub endpoint: Option<String>,
+    /// Longest stdin line accepted; `None` = `server.max_body_bytes`.
+    pub max_line_bytes: Option<usize>,
+}
+
+/// Why the stdio front end could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StdioError {
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("{0}")]
+    Endpoint(String),
+}
+
+/// The config `portico stdio --url URL [--header "K: V"]…` stands for: one backend named
+/// [`URL_BACKEND_NAME`] at `url`, built through the same parse and validation as a file (so
+/// `${ENV}` in header values is expanded and every rule applies). Access logs are off: a stdio
+/// client usually shows stderr to its user.
+pub fn url_config(url: &str, headers: &[String]) -> Result<Config, ConfigError> {
+    let mut map = serde_json::Map::new();
+    for (i, line) in headers.iter().enumerate() {
+        let Some((k, v)) = line.split_once(':') else {
+            return Err(ConfigError::Invalid {
+                key: format!("--header[{i}]"),
+                message: format!("{line:?}: want \"Name: value\""),
+            });
+        };
+        map.insert(k.trim().to_string(), Value::String(v.trim().to_string()));
+    }
+    let raw = serde_json::json!({
+        "log": {"access": false},
+        "backends": [{"name": URL_BACKEND_NAME, "url": url, "headers": map}],
+    });
+    let config: Config =
+        serde_json::from_value(raw).map_err(|e| ConfigError::Parse(e.to_string()))?;
+    config::validate(config)
+}
+
+/// Builds state from `config`, serves the chosen endpoint over `reader`/`writer` until EOF or
+/// `shutdown`, then ends upstream sessions and stdio children. `main` and tests call this.
+pub async fn run<R, W>(
+    mut config: Config,
+    opts: StdioOptions,
+    reader: R,
+    writer: W,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StdioError>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    // Sessions here are this process's alone: they must outlive nothing but the process, and a
+    // fresh random key needs no warning about replicas.
+    config.sessions.ttl_ms = STDIO_SESSION_TTL_MS;
+    if config.sessions.key.is_none() {
+        config.sessions.key = random_key();
+    }
+    let max_line = opts.max_line_bytes.unwrap_or(config.server.max_body_bytes);
+    let drain = Duration::from_millis(config.server.drain_timeout_ms);
+    let state = Arc::new(State::build(config, Arc::new(Metrics::new()))?);
+    let path = endpoint_path(&state, opts.endpoint.as_deref())?;
+    tracing::info!(endpoint = %path, max_line, "portico stdio: serving");
+    serve_stdio(
+        state.clone(),
+        path,
+        max_line,
+        drain,
+        reader,
+        writer,
+        shutdown,
+    )
+    .await;
+    state.shutdown().await;
+    Ok(())
+}
+
+/// 32 random bytes as hex, or `None` (then `session` makes its own, with a warning).
+fn random_key() -> Option<String> {
+    use ring::rand::SecureRandom;
+    let mut k = [0u8; 32];
+    ring::rand::SystemRandom::new().fill(&mut k).ok()?;
+    Some(k.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Which route to serve: the one asked for (a path, or a backend name), else the only one.
+fn endpoint_path(state: &State, asked: Option<&str>) -> Result<String, StdioError> {
+    let mut known: Vec<&str> = state.routes.routes.keys().map(String::as_str).collect();
+    known.sort_unstable();
+    let path = match asked {
+        Some(p) if p.starts_with('/') => p.to_string(),
+        Some(name) => format!("/mcp/{name}"),
+        None => match known.as_slice() {
+            [only] => only.to_string(),
+            _ => {
+                return Err(StdioError::Endpoint(format!(
+                    "the config serves {} endpoints; choose one with --endpoint ({})",
+                    known.len(),
+                    known.join(", ")
+                )));
+            }
+        },
+    };
+    if !state.routes.routes.contains_key(&path) {
+        return Err(StdioError::Endpoint(format!(
+            "--endpoint {path}: no such endpoint (known: {})",
+            known.join(", ")
+        )));
+    }
+    Ok(path)
+}
+
+/// The legacy session a client opened with `initialize`.
+struct LegacyClient {
+    session_id: HeaderValue,
+    version: HeaderValue,
+}
+
+/// Requests in flight, by JSON-RPC id, so a cancel can find its task.
+#[derive(Default)]
+struct InFlight {
+    by_id: HashMap<RequestId, (tokio::task::Id, AbortHandle)>,
+    by_task: HashMap<tokio::task::Id, RequestId>,
+}
+
+impl InFlight {
+    fn insert(&mut self, id: RequestId, handle: AbortHandle) {
+        self.by_task.insert(handle.id(), id.clone());
+        self.by_id.insert(id, (handle.id(), handle));
+    }
+
+    fn finished(&mut self, task: tokio::task::Id) {
+        if let Some(id) = self.by_task.remove(&task)
+            && self.by_id.get(&id).is_some_and(|(t, _)| *t == task)
+        {
+            self.by_id.remove(&id);
+        }
+    }
+
+    fn cancel(&mut self, id: &RequestId) -> bool {
+        match self.by_id.remove(id) {
+            Some((task, handle)) => {
+                self.by_task.remove(&task);
+                handle.abort();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Serves `path` of `state` over newline-delimited JSON-RPC until EOF or `shutdown`, then lets
+/// in-flight requests finish for up to `drain` and flushes `writer`.
+pub async fn serve_stdio<R, W>(
+    state: Arc<State>,
+    path: String,
+    max_line: usize,
+    drain: Duration,
+    reader: R,
+    writer: W,
+    shutdown: impl Future<Output = ()>,
+) where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (out, rx) = mpsc::channel::<Bytes>(OUT_QUEUE);
+    let writer_task = tokio::spawn(write_lines(writer, rx));
+    let mut lines = LineReader::new(reader, max_line);
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut inflight = InFlight::default();
+    let mut session: Option<LegacyClient> = None;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => {
+                tracing::info!("shutdown signal: no more input read");
+                break;
+            }
+            Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                let task = match done {
+                    Ok((task, ())) => task,
+                    Err(e) => e.id(),
+                };
+                inflight.finished(task);
+            }
+            line = lines.next_line(), if tasks.len() < MAX_IN_FLIGHT => match line {
+                Ok(Some(Line::Text(text))) => {
+                    let mut line = LineCtx {
+                        state: &state,
+                        path: &path,
+                        out: &out,
+                        tasks: &mut tasks,
+                        inflight: &mut inflight,
+                        session: &mut session,
+                    };
+                    // Usually quick (parse, spawn); `initialize` waits for the backend, and a
+                    // signal must not wait for it.
+                    tokio::select! {
+                        _ = line.serve(Bytes::from(text)) => {}
+                        _ = &mut shutdown => {
+                            tracing::info!("shutdown signal: no more input read");
+                            break;
+                        }
+                    }
+                }
+                Ok(Some(Line::TooLong(len))) => {
+                    tracing::warn!(len, limit = max_line, "stdin line too long; skipped");
+                    let err = GatewayError::InvalidRequest(format!(
+                        "message of {len} bytes is longer than the {max_line}-byte line limit; skipped"
+                    ));
+                    let _ = out.send(Bytes::from(err.to_message(None))).await;
+                }
+                Ok(None) => {
+                    tracing::debug!("stdin closed");
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read stdin");
+                    break;
+                }
+            },
+        }
+    }
+    // Finish what is in flight, within the drain time.
+    let pending = tasks.len();
+    if pending > 0 {
+        tracing::info!(
+            pending,
+            drain_ms = drain.as_millis() as u64,
+            "draining in-flight requests"
+        );
+        let finished =
+            tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
+        if finished.is_err() {
+            tracing::warn!(
+                left = tasks.len(),
+                "drain time over; dropping unfinished requests"
+            );
+            tasks.shutdown().await;
+        }
+    }
+    drop(out);
+    let _ = writer_task.await;
+}
+
+/// One stdin line and what it may touch. (A struct so the helpers share the borrows.)
+struct LineCtx<'a> {
+    state: &'a Arc<State>,
+    path: &'a str,
+    out: &'a mpsc::Sender<Bytes>,
+    tasks: &'a mut JoinSet<()>,
+    inflight: &'a mut InFlight,
+    session: &'a mut Option<LegacyClient>,
+}
+
+impl LineCtx<'_> {
+    async fn serve(&mut self, body: Bytes) {
+        let env = match protocol::parse_envelope(&body) {
+            Ok(env) => env,
+            Err(e) => {
+                let id = match &e {
+                    EnvelopeError::Invalid(_, id) => id.clone(),
+                    _ => None,
+                };
+                let err = frontend::envelope_error(e);
+                tracing::debug!(error = %err, "unreadable stdin line");
+                let _ = self
+                    .out
+                    .send(Bytes::from(err.to_message(id.as_ref())))
+                    .await;
+                return;
+            }
+        };
+        if env.kind == Kind::Notification && env.method == "notifications/cancelled" {
+            self.cancel(&body);
+            return;
+        }
+        let answers = env.kind == Kind::Request;
+        let id = env.id.clone();
+        if answers && env.method == "initialize" {
+            // Inline: the session must exist before the answer reaches the client.
+            let req = request(self.path, &env, body, None);
+            let resp = crate::proxy::handle(self.state.clone(), req).await;
+            if let Some(sid) = resp.headers().get(h::SESSION_ID)
+                && let Ok(text) = sid.to_str()
+                && let Some(data) = self.state.sessions.open(text, self.path)
+                && let Ok(version) = HeaderValue::from_str(&data.v)
+            {
+                *self.session = Some(LegacyClient {
+                    session_id: sid.clone(),
+                    version,
+                });
+            }
+            relay(resp, id.as_ref(), true, self.path, self.out).await;
+            return;
+        }
+        if let Some(rid) = &id
+            && answers
+            && self.inflight.by_id.contains_key(rid)
+        {
+            let err = GatewayError::InvalidRequest(format!(
+                "id {} is already used by a request in flight",
+                rid.json()
+            ));
+            let _ = self.out.send(Bytes::from(err.to_message(Some(rid)))).await;
+            return;
+        }
+        let req = request(self.path, &env, body, self.session.as_ref());
+        let state = self.state.clone();
+        let out = self.out.clone();
+        let task_id = id.clone();
+        let route: Arc<str> = self.path.into();
+        let handle = self.tasks.spawn(async move {
+            let resp = crate::proxy::handle(state, req).await;
+            relay(resp, task_id.as_ref(), answers, &route, &out).await;
+        });
+        if let (Some(id), true) = (id, answers) {
+            self.inflight.insert(id, handle);
+        }
+    }
+
+    /// `notifications/cancelled {requestId}`: drop the matching task (its upstream stream with it).
+    fn cancel(&mut self, body: &[u8]) {
+        let id = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| RequestId::from_value(&v["params"]["requestId"]));
+        match id {
+            Some(id) => {
+                let found = self.inflight.cancel(&id);
+                tracing::debug!(id = id.json(), found, "client cancelled a request");
+            }
+            None => tracing::debug!("notifications/cancelled without a usable requestId"),
+        }
+    }
+}
+
+/// The in-process request a Streamable HTTP client would have sent for this message.
+fn request(
+    path: &str,
+    env: &protocol::Envelope,
+    body: Bytes,
+    session: Option<&LegacyClient>,
+) -> Request<Full<Bytes>> {
+    let mut headers = HeaderMap::with_capacity(6);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
+    let version = HeaderName::from_static(h::PROTOCOL_VERSION);
+    match session {
+        Some(s) => {
+            headers.insert(HeaderName::from_static(h::SESSION_ID), s.session_id.clone());
+            headers.insert(version, s.version.clone());
+        }
+        // `initialize` goes without a version header, as on HTTP.
+        None if env.method == "initialize" => {}
+        None => {
+            // Mirror the body; a body that lies or lacks `_meta` is the pipeline's to refuse.
+            let v = env.protocol_version.as_deref().unwrap_or(LATEST_VERSION);
+            if let Ok(v) = HeaderValue::from_str(v) {
+                headers.insert(version, v);
+            }
+            if let Ok(m) = HeaderValue::from_str(&env.method) {
+                headers.insert(HeaderName::from_static(h::METHOD), m);
+            }
+            if let Some(name) = &env.name
+                && let Ok(n) = HeaderValue::from_str(&protocol::encode_header_value(name))
+            {
+                headers.insert(HeaderName::from_static(h::NAME), n);
+            }
+        }
+    }
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = http::Uri::try_from(path).unwrap_or_else(|_| http::Uri::from_static("/"));
+    *req.headers_mut() = headers;
+    req
+}
+
+/// Turns the pipeline's response into stdout lines: each SSE event as it arrives, or the one
+/// JSON body; 202 gives nothing. When `answers` (the line was a request), the client is owed a
+/// response with its id: if the body ends without one, a JSON-RPC error stands in for it.
+/// Otherwise nothing is written at all (notifications and responses are never answered).
+async fn relay(
+    resp: Response<Body>,
+    id: Option<&RequestId>,
+    answers: bool,
+    route: &str,
+    out: &mpsc::Sender<Bytes>,
+) {
+    let (parts, mut body) = resp.into_parts();
+    if !answers {
+        if parts.status.as_u16() >= 400 {
+            let text = read_capped(body).await.unwrap_or_default();
+            tracing::debug!(status = parts.status.as_u16(), body = %String::from_utf8_lossy(&text),
+                "a notification was refused");
+        }
+        return;
+    }
+    let mut answered = false;
+    let failure = if is_event_stream(&parts.headers) {
+        let mut dec = crate::sse::SseDecoder::new(MAX_ANSWER_BYTES);
+        loop {
+            match body.frame().await {
+                None => {
+                    if let Some(ev) = dec.finish() {
+                        answered |= emit(&ev, out).await;
+                    }
+                    break None;
+                }
+                Some(Err(e)) => break Some(format!("the answer stream broke: {e}")),
+                Some(Ok(frame)) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    dec.push(&data);
+                    loop {
+                        match dec.next_event() {
+                            Ok(Some(ev)) => answered |= emit(&ev, out).await,
+                            Ok(None) => break,
+                            Err(_) => {
+                                return fail(
+                                    id,
+                                    route,
+                                    "an answer message is larger than the relay limit",
+                                    out,
+                                )
+                                .await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        match read_capped(body).await {
+            Ok(b) if b.is_empty() && parts.status.is_success() => {
+                // 202 to a request: nothing to relay, but the client waits for an answer.
+                Some(format!("HTTP {} with no answer", parts.status.as_u16()))
+            }
+            Ok(b) => {
+                answered = emit(&b, out).await;
+                (!answered).then(|| format!("HTTP {} without a JSON-RPC answer", parts.status))
+            }
+            Err(e) => Some(e),
+        }
+    };
+    if !answered {
+        let why = failure.unwrap_or_else(|| "the answer stream ended without a response".into());
+        fail(id, route, &why, out).await;
+    }
+}
+
+/// Writes one message as one line; `true` when it is a JSON-RPC response (the end of an answer).
+/// A message that spans lines (pretty-printed upstream JSON) is re-encoded compactly.
+async fn emit(msg: &[u8], out: &mpsc::Sender<Bytes>) -> bool {
+    let line = if msg.iter().any(|b| *b == b'\n' || *b == b'\r') {
+        match serde_json::from_slice::<Value>(msg) {
+            Ok(v) => Bytes::from(v.to_string()),
+            Err(_) => return false,
+        }
+    } else {
+        let trimmed = msg.trim_ascii();
+        if trimmed.is_empty() || serde_json::from_slice::<serde::de::IgnoredAny>(trimmed).is_err() {
+            return false;
+        }
+        Bytes::copy_from_slice(trimmed)
+    };
+    let is_response = crate::proxy::is_response(&line);
+    let _ = out.send(line).await;
+    is_response
+}
+
+/// The error line that stands in for an answer the upstream never gave.
+async fn fail(id: Option<&RequestId>, route: &str, why: &str, out: &mpsc::Sender<Bytes>) {
+    let err = GatewayError::BackendFailed {
+        backend: route.to_string(),
+        detail: why.to_string(),
+    };
+    let _ = out.send(Bytes::from(err.to_message(id))).await;
+}
+
+/// Reads a non-streamed body, refusing more than one message's worth.
+async fn read_capped(body: Body) -> Result<Bytes, String> {
+    match http_body_util::Limited::new(body, MAX_ANSWER_BYTES)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => Err(format!("could not read the answer: {e}")),
+    }
+}
+
+/// The only writer of stdout: whole lines, in the order they were queued; flushed whenever the
+/// queue runs dry so an answer is never held back waiting for the next.
+async fn write_lines<W: AsyncWrite + Unpin>(w: W, mut rx: mpsc::Receiver<Bytes>) {
+    // Buffered: tokio's stdout costs a blocking-pool round trip per write.
+    let mut w = tokio::io::BufWriter::with_capacity(WRITE_BUFFER, w);
+    while let Some(msg) = rx.recv().await {
+        let mut written = w.write_all(&msg).await;
+        if written.is_ok() {
+            written = w.write_all(b"\n").await;
+        }
+        if let Err(error) = written {
+            tracing::warn!(%error, "cannot write to stdout; answers are dropped");
+            break;
+        }
+        if rx.is_empty()
+            && let Err(error) = w.flush().await
+        {
+            tracing::warn!(%error, "cannot flush stdout; answers are dropped");
+            break;
+        }
+    }
+    // Keep the senders from blocking on a dead stdout: drain until they are all gone.
+    while rx.recv().await.is_some() {}
+    let _ = w.flush().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_config_goes_through_validation() {
+        let c = url_config("http://127.0.0.1:1/mcp", &["X-Token: abc".into()]).unwrap();
+        assert_eq!(c.backends.len(), 1);
+        assert_eq!(c.backends[0].name, URL_BACKEND_NAME);
+        assert_eq!(c.backends[0].headers["X-Token"], "abc");
+        assert!(!c.log.access);
+        let bad = url_config("ftp://x/", &[]).unwrap_err();
+        assert!(bad.to_string().contains("backends[0].url"), "{bad}");
+        let hdr = url_config("http://x/", &["no colon".into()]).unwrap_err();
+        assert!(hdr.to_string().contains("--header[0]"), "{hdr}");
+        let env = url_config("http://x/", &["A: ${PORTICO_SURELY_UNSET_VAR}".into()]).unwrap_err();
+        assert!(
+            env.to_string().contains("PORTICO_SURELY_UNSET_VAR"),
+            "{env}"
+        );
+    }
+
+    #[test]
+    fn requests_carry_the_headers_of_an_http_client() {
+        let body = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"caf\u00e9","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+        );
+        let env = protocol::parse_envelope(&body).unwrap();
+        let req = request("/mcp/x", &env, body.clone(), None);
+        let hd = req.headers();
+        assert_eq!(hd[h::PROTOCOL_VERSION], "2026-07-28");
+        assert_eq!(hd[h::METHOD], "tools/call");
+        assert_eq!(
+            protocol::decode_header_value(hd[h::NAME].as_bytes()).as_deref(),
+            Some("café")
+        );
+        assert_eq!(hd[header::ACCEPT], ACCEPT_BOTH);
+        let s = LegacyClient {
+            session_id: HeaderValue::from_static("p1.abc"),
+            version: HeaderValue::from_static("2025-06-18"),
+        };
+        let req = request("/mcp/x", &env, body, Some(&s));
+        assert_eq!(req.headers()[h::SESSION_ID], "p1.abc");
+        assert_eq!(req.headers()[h::PROTOCOL_VERSION], "2025-06-18");
+        assert!(req.headers().get(h::METHOD).is_none());
+    }
+}
