@@ -160,10 +160,13 @@ async fn python_sdk_stdio_server_takes_the_modern_path() {
         json!(["2026-07-28"]),
         "{d}"
     );
-    assert_eq!(d["result"]["ttlMs"], 60000);
+    // A cache hit (check_shapes fetched it): the remaining freshness, at most the server's.
+    let ttl = d["result"]["ttlMs"].as_u64().unwrap_or(0);
+    assert!(ttl > 0 && ttl <= 60000, "{d}");
     assert_eq!(d["result"]["cacheScope"], "public");
     let l = mcp(&url, json!(2), "tools/list", json!({})).await.result();
-    assert_eq!(l["result"]["ttlMs"], 60000, "{l}");
+    let ttl = l["result"]["ttlMs"].as_u64().unwrap_or(0);
+    assert!(ttl > 0 && ttl <= 60000, "{l}");
     check_progress(&url).await;
     let via = py_client(&["--modern", "--url", &url]).await;
     assert_eq!(via["era"], "modern");
