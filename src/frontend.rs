@@ -12,6 +12,7 @@
 //! whose body says otherwise.
 
 use bytes::Bytes;
+use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -76,6 +77,28 @@ pub fn forwardable(name: &HeaderName) -> bool {
             | "tracestate"
             | "baggage"
     ) || n.starts_with(h::PARAM_PREFIX)
+}
+
+/// The client's W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), when well-formed; anything
+/// else is neither logged nor trusted (it is still forwarded by the allowlist, as the spec says a
+/// receiver decides what to do with a malformed one).
+pub fn traceparent(headers: &HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get("traceparent")?;
+    let b = v.as_bytes();
+    let hex = |s: &[u8]| s.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let shaped = b.len() >= 55
+        && b[2] == b'-'
+        && b[35] == b'-'
+        && b[52] == b'-'
+        && hex(&b[..2])
+        && hex(&b[3..35])
+        && hex(&b[36..52])
+        && hex(&b[53..55])
+        && (b.len() == 55 || b[55] == b'-')
+        && &b[..2] != b"ff"
+        && b[3..35].iter().any(|c| *c != b'0')
+        && b[36..52].iter().any(|c| *c != b'0');
+    shaped.then(|| v.clone())
 }
 
 /// The DNS-rebinding defence, before anything else about the request is looked at.

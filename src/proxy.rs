@@ -33,6 +33,12 @@ pub struct RequestCtx {
     start: StdInstant,
     /// Backend or endpoint name serving the request.
     pub route: Option<Arc<str>>,
+    /// The backend the request went to (for a backend route, the route itself).
+    pub backend: Option<Arc<str>>,
+    /// The client's W3C `traceparent`, when well-formed (forwarded upstream by the allowlist).
+    pub traceparent: Option<HeaderValue>,
+    /// Time spent waiting for upstream answers.
+    pub upstream: Option<std::time::Duration>,
     /// The MCP method (from the header or the body).
     pub method: Option<String>,
     /// The JSON-RPC id, once read.
@@ -52,6 +58,9 @@ impl RequestCtx {
         RequestCtx {
             start: StdInstant::now(),
             route: None,
+            backend: None,
+            traceparent: None,
+            upstream: None,
             method: None,
             id: None,
             body: Bytes::new(),
@@ -66,6 +75,11 @@ impl RequestCtx {
         self.start.elapsed()
     }
 
+    /// Adds the time since `since` to the upstream wait.
+    fn upstream_since(&mut self, since: StdInstant) {
+        self.upstream = Some(self.upstream.unwrap_or_default() + since.elapsed());
+    }
+
     fn error_id(&self) -> Option<RequestId> {
         self.id.clone().or_else(|| protocol::sniff_id(&self.body))
     }
@@ -73,6 +87,7 @@ impl RequestCtx {
 
 /// Entry point for every HTTP request on the client listener.
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let _in_flight = state.metrics.in_flight();
     let mut ctx = RequestCtx::new();
     let resp = match handle_inner(&state, &mut ctx, req).await {
         Ok(resp) => resp,
@@ -93,6 +108,7 @@ async fn handle_inner(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, GatewayError> {
     let (parts, body) = req.into_parts();
+    ctx.traceparent = frontend::traceparent(&parts.headers);
     // 1. route
     let path = parts.uri.path();
     let route = state
@@ -104,6 +120,7 @@ async fn handle_inner(
         })?;
     let Route::Backend(backend) = route;
     ctx.route = Some(backend.name.clone());
+    ctx.backend = Some(backend.name.clone());
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
@@ -151,10 +168,11 @@ async fn modern(
         }
         ctx.passthrough = true;
         let req = up.request(headers, &[], body.clone());
-        let ex = up
-            .exchange(req, deadline)
-            .await
-            .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
+        let sent = StdInstant::now();
+        let ex = up.exchange(req, deadline).await;
+        ctx.upstream_since(sent);
+        let ex =
+            ex.map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
         let status = ex.response.status();
         let (parts, relay) = up.relay(ex, deadline, body.clone());
         if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
@@ -206,7 +224,7 @@ fn can_pass_through(_state: &State, backend: &Backend, mh: &ModernHead) -> bool 
 /// clients, and legacy clients after translation). Returns decoded messages for `render`.
 pub async fn answer(
     _state: &State,
-    _ctx: &mut RequestCtx,
+    ctx: &mut RequestCtx,
     backend: &Arc<Backend>,
     headers: &http::HeaderMap,
     env: &Envelope,
@@ -214,7 +232,8 @@ pub async fn answer(
     deadline: Instant,
 ) -> Result<Reply, GatewayError> {
     let verdict = bridge::ensure_verdict(backend).await?;
-    match (env.kind, verdict) {
+    let sent = StdInstant::now();
+    let reply = match (env.kind, verdict) {
         // Legacy backends: translated and multiplexed over the upstream session.
         (_, Verdict::Legacy) => {
             bridge::call(
@@ -229,7 +248,9 @@ pub async fn answer(
         }
         // Modern backends, on the message path.
         _ => forward(backend, headers, env, body, deadline).await,
-    }
+    };
+    ctx.upstream_since(sent);
+    reply
 }
 
 /// Sends a modern message to a modern backend on the message path.
