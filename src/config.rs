@@ -757,7 +757,7 @@ mod tests {
             many.to_string().contains("metrics.ready_min_backends"),
             "{many}"
         );
-        let same = check("[server]\nlisten='127.0.0.1:9000'\n[metrics]\nlisten='127.0.0.1:9000'\n")
+        let same = check("[server]\nlisten='127.0.0.1:9000'\n[metrics]\nlisten='127.0.0.1:9000'\nready_min_backends=0\n")
             .unwrap_err();
         assert!(same.to_string().contains("metrics.listen"), "{same}");
         let unknown = check("[metrics]\nport=3\n").unwrap_err();
