@@ -7,4 +7,5 @@ mod common;
 mod core;
 mod interop;
 mod legacy;
+mod observe;
 mod stdio;
