@@ -33,6 +33,8 @@ use crate::health::{self, Status};
 
 /// How long open scrape connections may take to finish once the gateway has stopped.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How often the health checker looks for a new config generation.
+const RELOAD_POLL: Duration = Duration::from_millis(250);
 /// A scrape must deliver its request head within this time.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -89,7 +91,9 @@ fn settings(state: &State) -> (Duration, Duration) {
     )
 }
 
-/// Checks every backend now, then every interval, until stopped.
+/// Checks every backend now, then every interval, until stopped. A reload builds new backends
+/// with no health yet, so a new generation is checked at once rather than a whole interval later
+/// (readiness would read "unknown" until then).
 async fn check_loop(shared: Arc<ArcSwap<State>>, mut stopped: watch::Receiver<bool>) {
     loop {
         let state = shared.load_full();
@@ -98,10 +102,19 @@ async fn check_loop(shared: Arc<ArcSwap<State>>, mut stopped: watch::Receiver<bo
             _ = health::check_all(state.routes.backends.values(), timeout) => {}
             _ = stopped.changed() => return,
         }
+        // Compared by address only: holding the old generation would keep its backends alive.
+        let checked = Arc::as_ptr(&state) as usize;
         drop(state);
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stopped.changed() => return,
+        let next = tokio::time::Instant::now() + interval;
+        loop {
+            let wake = next.min(tokio::time::Instant::now() + RELOAD_POLL);
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = stopped.changed() => return,
+            }
+            if wake >= next || Arc::as_ptr(&shared.load()) as usize != checked {
+                break;
+            }
         }
     }
 }

@@ -343,4 +343,33 @@ mod tests {
             assert!(!forwardable(&HeaderName::from_static(no)), "{no}");
         }
     }
+
+    #[test]
+    fn traceparent_is_kept_only_when_well_formed() {
+        let check = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("traceparent", HeaderValue::from_str(v).unwrap());
+            traceparent(&h).is_some()
+        };
+        assert!(check(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        // A later version may append fields after a dash.
+        assert!(check(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"
+        ));
+        for bad in [
+            "",
+            "hello",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(!check(bad), "{bad:?}");
+        }
+        assert!(traceparent(&HeaderMap::new()).is_none());
+    }
 }
