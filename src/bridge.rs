@@ -56,6 +56,13 @@ pub struct BridgeState {
     next_id: AtomicU64,
 }
 
+impl BridgeState {
+    /// Whether an upstream legacy session is open (for the metrics gauge).
+    pub fn has_session(&self) -> bool {
+        self.session.load().is_some()
+    }
+}
+
 /// An initialized upstream session.
 pub struct LegacySession {
     /// `Mcp-Session-Id`, when the server issued one (stateless servers don't).

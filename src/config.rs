@@ -25,6 +25,10 @@ pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 3_000;
 pub const DEFAULT_MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_DEBOUNCE_MS: u64 = 200;
 pub const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 256;
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
+pub const DEFAULT_READY_MIN_BACKENDS: usize = 1;
+pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 10_000;
+pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 2_000;
 
 /// A configuration problem, always naming the key (or file) at fault.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +63,8 @@ pub struct Config {
     pub sessions: SessionsConfig,
     #[serde(default)]
     pub cache: CacheConfig,
+    /// `[metrics]`: absent = no metrics/health listener.
+    pub metrics: Option<MetricsConfig>,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
     #[serde(default)]
@@ -143,6 +149,36 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
+}
+
+/// `[metrics]`: the second listener, serving `/metrics`, `/healthz` and `/readyz`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address to bind, `host:port` (plain HTTP; keep it off the public network).
+    #[serde(default = "default_metrics_listen")]
+    pub listen: String,
+    /// `/readyz` answers 200 when at least this many backends are up.
+    #[serde(default = "default_ready_min_backends")]
+    pub ready_min_backends: usize,
+    /// How often every backend is health-checked (the state `/readyz` and `portico_backend_up`
+    /// report).
+    #[serde(default = "default_health_interval_ms")]
+    pub health_interval_ms: u64,
+    /// How long one health check may take before the backend counts as down.
+    #[serde(default = "default_health_timeout_ms")]
+    pub health_timeout_ms: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: default_metrics_listen(),
+            ready_min_backends: DEFAULT_READY_MIN_BACKENDS,
+            health_interval_ms: DEFAULT_HEALTH_INTERVAL_MS,
+            health_timeout_ms: DEFAULT_HEALTH_TIMEOUT_MS,
+        }
+    }
 }
 
 /// `[sessions]`: legacy-client session ids.
@@ -382,6 +418,18 @@ fn default_debounce_ms() -> u64 {
 fn default_max_idle_connections() -> usize {
     DEFAULT_MAX_IDLE_CONNECTIONS
 }
+fn default_metrics_listen() -> String {
+    DEFAULT_METRICS_LISTEN.to_string()
+}
+fn default_ready_min_backends() -> usize {
+    DEFAULT_READY_MIN_BACKENDS
+}
+fn default_health_interval_ms() -> u64 {
+    DEFAULT_HEALTH_INTERVAL_MS
+}
+fn default_health_timeout_ms() -> u64 {
+    DEFAULT_HEALTH_TIMEOUT_MS
+}
 
 /// The built-in servers `builtin = "…"` may name.
 pub const BUILTINS: &[&str] = &["demo"];
@@ -415,6 +463,9 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
     }
     if s.max_body_bytes == 0 {
         return Err(invalid("server.max_body_bytes", "must be greater than 0"));
+    }
+    if let Some(m) = &config.metrics {
+        validate_metrics(m, &config.server.listen, config.backends.len())?;
     }
     if let Some(key) = &config.sessions.key {
         // An unset variable means "no key configured": a random one is generated (with a warning).
@@ -587,6 +638,45 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+fn validate_metrics(
+    m: &MetricsConfig,
+    server_listen: &str,
+    backends: usize,
+) -> Result<(), ConfigError> {
+    let addr = m
+        .listen
+        .parse::<SocketAddr>()
+        .map_err(|e| invalid("metrics.listen", format!("{e} (want host:port)")))?;
+    if m.ready_min_backends > backends {
+        return Err(invalid(
+            "metrics.ready_min_backends",
+            format!(
+                "{} but only {backends} backends are configured",
+                m.ready_min_backends
+            ),
+        ));
+    }
+    if m.health_interval_ms == 0 {
+        return Err(invalid(
+            "metrics.health_interval_ms",
+            "must be greater than 0",
+        ));
+    }
+    if m.health_timeout_ms == 0 {
+        return Err(invalid(
+            "metrics.health_timeout_ms",
+            "must be greater than 0",
+        ));
+    }
+    if addr.port() != 0 && server_listen.parse::<SocketAddr>().ok() == Some(addr) {
+        return Err(invalid(
+            "metrics.listen",
+            format!("{addr} is also server.listen; give metrics its own port"),
+        ));
+    }
+    Ok(())
+}
+
 /// Expands `${VAR}` references. `Err(var)` names the first unset variable.
 pub fn expand_env(s: &str) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
@@ -648,6 +738,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(ep.to_string().contains("endpoints[0].backends[0]"), "{ep}");
+    }
+
+    #[test]
+    fn metrics_section() {
+        let none = check("[[backends]]\nname='a'\nbuiltin='demo'\n").unwrap();
+        assert!(none.metrics.is_none(), "no [metrics], no listener");
+        let m = check("[metrics]\n[[backends]]\nname='a'\nbuiltin='demo'\n").unwrap();
+        let m = m.metrics.unwrap();
+        assert_eq!(m.listen, DEFAULT_METRICS_LISTEN);
+        assert_eq!(m.ready_min_backends, DEFAULT_READY_MIN_BACKENDS);
+        let bad = check("[metrics]\nlisten='nope'\n").unwrap_err();
+        assert!(bad.to_string().contains("metrics.listen"), "{bad}");
+        let many =
+            check("[metrics]\nready_min_backends=2\n[[backends]]\nname='a'\nbuiltin='demo'\n")
+                .unwrap_err();
+        assert!(
+            many.to_string().contains("metrics.ready_min_backends"),
+            "{many}"
+        );
+        let same = check("[server]\nlisten='127.0.0.1:9000'\n[metrics]\nlisten='127.0.0.1:9000'\nready_min_backends=0\n")
+            .unwrap_err();
+        assert!(same.to_string().contains("metrics.listen"), "{same}");
+        let unknown = check("[metrics]\nport=3\n").unwrap_err();
+        assert!(unknown.to_string().contains("port"), "{unknown}");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! whose body says otherwise.
 
 use bytes::Bytes;
+use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 use http_body_util::{BodyExt, Limited};
 
@@ -75,6 +76,28 @@ pub fn forwardable(name: &HeaderName) -> bool {
             | "tracestate"
             | "baggage"
     ) || n.starts_with(h::PARAM_PREFIX)
+}
+
+/// The client's W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), when well-formed; anything
+/// else is neither logged nor trusted (it is still forwarded by the allowlist, as the spec says a
+/// receiver decides what to do with a malformed one).
+pub fn traceparent(headers: &HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get("traceparent")?;
+    let b = v.as_bytes();
+    let hex = |s: &[u8]| s.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let shaped = b.len() >= 55
+        && b[2] == b'-'
+        && b[35] == b'-'
+        && b[52] == b'-'
+        && hex(&b[..2])
+        && hex(&b[3..35])
+        && hex(&b[36..52])
+        && hex(&b[53..55])
+        && (b.len() == 55 || b[55] == b'-')
+        && &b[..2] != b"ff"
+        && b[3..35].iter().any(|c| *c != b'0')
+        && b[36..52].iter().any(|c| *c != b'0');
+    shaped.then(|| v.clone())
 }
 
 /// The DNS-rebinding defence, before anything else about the request is looked at.
@@ -318,5 +341,34 @@ mod tests {
         ] {
             assert!(!forwardable(&HeaderName::from_static(no)), "{no}");
         }
+    }
+
+    #[test]
+    fn traceparent_is_kept_only_when_well_formed() {
+        let check = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("traceparent", HeaderValue::from_str(v).unwrap());
+            traceparent(&h).is_some()
+        };
+        assert!(check(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        // A later version may append fields after a dash.
+        assert!(check(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra"
+        ));
+        for bad in [
+            "",
+            "hello",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(!check(bad), "{bad:?}");
+        }
+        assert!(traceparent(&HeaderMap::new()).is_none());
     }
 }

@@ -19,10 +19,13 @@
 //! - [`error`]: `GatewayError`, the only builder of error responses.
 //! - [`metrics`]: Prometheus registry; the only place metric names live.
 //! - [`stdio_front`]: `portico stdio`, the same pipeline for clients that speak stdio.
+//! - [`admin`]: the metrics listener (`/metrics`, `/healthz`, `/readyz`); [`health`] checks
+//!   backends for it.
 //! - [`body`], [`sse`]: response body type; SSE decoding.
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod body;
 pub mod bridge;
 pub mod cache;
@@ -30,6 +33,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod frontend;
+pub mod health;
 pub mod invalidation;
 pub mod legacy;
 pub mod metrics;
@@ -74,6 +78,11 @@ pub enum StartError {
     Build(#[from] router::BuildError),
     #[error("{0}")]
     Tls(String),
+    #[error("cannot listen on {addr} (metrics.listen): {source}")]
+    MetricsBind {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 impl State {
@@ -115,23 +124,58 @@ impl State {
                 passthrough = ctx.passthrough,
                 cache = ctx.cache.unwrap_or("-"),
                 error = ctx.error.unwrap_or(""),
+                traceparent = ctx.traceparent.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""),
             );
         }
     }
 }
 
-/// Runs the gateway on `listener` until `shutdown` resolves, then drains and returns.
-/// `main` and the tests both call this.
+/// Runs the gateway on `listener` until `shutdown` resolves, then drains and returns. The
+/// metrics listener, when `[metrics]` is configured, is bound from `metrics.listen`.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
+    run_with(config, listener, None, shutdown).await
+}
+
+/// [`run`], with the metrics listener already bound by the caller (`None`: bind
+/// `metrics.listen`; ignored without `[metrics]`). `main` and the tests call this.
+pub async fn run_with(
+    config: Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
     let metrics = Arc::new(Metrics::new());
     let tls = server::tls_acceptor(&config.server).map_err(StartError::Tls)?;
+    let admin_listener =
+        match (&config.metrics, metrics_listener) {
+            (None, _) => None,
+            (Some(_), Some(l)) => Some(l),
+            (Some(m), None) => Some(TcpListener::bind(&m.listen).await.map_err(|source| {
+                StartError::MetricsBind {
+                    addr: m.listen.clone(),
+                    source,
+                }
+            })?),
+        };
     let state = State::build(config, metrics)?;
     let shared = Arc::new(ArcSwap::from_pointee(state));
-    server::serve(shared.clone(), listener, tls, shutdown).await;
+    let admin = admin_listener.map(|l| admin::Admin::spawn(shared.clone(), l));
+    // Readiness turns false as soon as shutdown begins, so load balancers stop sending new
+    // requests while in-flight ones drain; /metrics keeps answering until the drain is over.
+    let draining = async {
+        shutdown.await;
+        if let Some(a) = &admin {
+            a.set_draining();
+        }
+    };
+    server::serve(shared.clone(), listener, tls, draining).await;
+    if let Some(a) = admin {
+        a.stop().await;
+    }
     shared.load().shutdown().await;
     Ok(())
 }

@@ -1,13 +1,28 @@
 //! Prometheus metrics. Only this module knows metric and label names; label values are closed
-//! sets (method names portico knows, backend names from config, fixed outcome words), never raw
-//! client input.
+//! sets (method names portico knows, backend and endpoint names from config, fixed outcome and
+//! reason words), never raw client input.
+//!
+//! Two kinds of metric:
+//! - **events**, recorded as they happen into the long-lived registry (requests, latencies,
+//!   in-flight); they survive config reloads;
+//! - **state mirrors** (backend up/protocol, stdio restarts, legacy sessions, cache counters),
+//!   computed from the current [`State`] at scrape time by [`Metrics::render`], so they can never
+//!   drift from what they mirror and a removed backend's series disappear with it.
+//!
+//! Every metric is documented in deploy/README.md ("Metrics"); keep that table in step.
 
+use prometheus::core::Collector;
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
+use crate::State;
+use crate::health::{Status, protocol_label};
 use crate::proxy::RequestCtx;
+use crate::router::Verdict;
+use crate::upstream::Upstream;
 
 /// Latency buckets in seconds, from 100 µs (a cache hit) to 30 s (a slow tool call).
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -18,8 +33,10 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 pub struct Metrics {
     pub registry: Registry,
     requests: IntCounterVec,
+    errors: IntCounterVec,
     duration: HistogramVec,
-    pub in_flight: IntGauge,
+    upstream: HistogramVec,
+    in_flight: IntGauge,
 }
 
 impl Default for Metrics {
@@ -28,37 +45,67 @@ impl Default for Metrics {
     }
 }
 
+/// Decrements the in-flight gauge when the request's handler returns (or is dropped).
+pub struct InFlight(IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition")
+}
+
+fn histogram_vec(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+        labels,
+    )
+    .expect("static metric definition")
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "portico_requests_total",
-                "MCP requests handled, by endpoint, method and outcome.",
-            ),
-            &["endpoint", "method", "outcome"],
-        )
-        .expect("static metric definition");
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "portico_request_duration_seconds",
-                "Time from request arrival to response head, by endpoint and method.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+        let requests = counter_vec(
+            "portico_requests_total",
+            "MCP requests handled, by endpoint, backend, method and outcome.",
+            &["endpoint", "backend", "method", "outcome"],
+        );
+        let errors = counter_vec(
+            "portico_request_errors_total",
+            "Requests portico answered with an error of its own, by endpoint and reason.",
+            &["endpoint", "reason"],
+        );
+        let duration = histogram_vec(
+            "portico_request_duration_seconds",
+            "Time from request arrival to response head, by endpoint and method.",
             &["endpoint", "method"],
-        )
-        .expect("static metric definition");
+        );
+        let upstream = histogram_vec(
+            "portico_upstream_duration_seconds",
+            "Time spent waiting for a backend's answer head, by backend.",
+            &["backend"],
+        );
         let in_flight = IntGauge::new("portico_in_flight_requests", "Requests being handled now.")
             .expect("static metric definition");
-        let build = IntGaugeVec::new(
-            Opts::new("portico_build_info", "Build information; always 1."),
+        let build = gauge_vec(
+            "portico_build_info",
+            "Build information; always 1.",
             &["version"],
-        )
-        .expect("static metric definition");
+        );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(requests.clone()) as Box<dyn Collector>,
+            Box::new(errors.clone()),
             Box::new(duration.clone()),
+            Box::new(upstream.clone()),
             Box::new(in_flight.clone()),
             Box::new(build),
         ] {
@@ -67,34 +114,157 @@ impl Metrics {
         Metrics {
             registry,
             requests,
+            errors,
             duration,
+            upstream,
             in_flight,
         }
+    }
+
+    /// Counts a request as in flight until the returned guard drops.
+    pub fn in_flight(&self) -> InFlight {
+        self.in_flight.inc();
+        InFlight(self.in_flight.clone())
     }
 
     /// The single exit of the request pipeline reports here.
     pub fn record(&self, ctx: &RequestCtx) {
         let endpoint = ctx.route.as_deref().unwrap_or("none");
+        let backend = ctx.backend.as_deref().unwrap_or("none");
         let method = ctx
             .method
             .as_deref()
             .map(crate::protocol::method_label)
             .unwrap_or("none");
-        let outcome = outcome(ctx);
         self.requests
-            .with_label_values(&[endpoint, method, outcome])
+            .with_label_values(&[endpoint, backend, method, outcome(ctx)])
             .inc();
+        if let Some(reason) = ctx.error {
+            self.errors.with_label_values(&[endpoint, reason]).inc();
+        }
         self.duration
             .with_label_values(&[endpoint, method])
             .observe(ctx.elapsed().as_secs_f64());
+        if let (Some(b), Some(t)) = (ctx.backend.as_deref(), ctx.upstream) {
+            self.upstream
+                .with_label_values(&[b])
+                .observe(t.as_secs_f64());
+        }
     }
 
-    /// The Prometheus text exposition of every metric.
-    pub fn render(&self) -> Vec<u8> {
+    /// The Prometheus text exposition: every event metric, plus the state mirrors computed from
+    /// `state` now.
+    pub fn render(&self, state: &State) -> Vec<u8> {
+        let mut families = self.registry.gather();
+        families.extend(state_families(state));
+        // The encoder refuses a family without samples (a vec with no children yet).
+        families.retain(|f| !f.get_metric().is_empty());
+        families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let _ = TextEncoder::new().encode(&families, &mut out);
         out
     }
+}
+
+/// The state-mirroring metrics, built fresh from `state`.
+fn state_families(state: &State) -> Vec<MetricFamily> {
+    let up = gauge_vec(
+        "portico_backend_up",
+        "1 when the backend's last health check succeeded, else 0.",
+        &["backend", "transport"],
+    );
+    let protocol = gauge_vec(
+        "portico_backend_protocol",
+        "The era a backend was found to speak: 1 for the current one (modern, legacy or unknown).",
+        &["backend", "protocol"],
+    );
+    let restarts = counter_vec(
+        "portico_stdio_restarts_total",
+        "Restarts of a stdio backend's child process since it was first started.",
+        &["backend"],
+    );
+    let sessions = gauge_vec(
+        "portico_legacy_sessions",
+        "Upstream sessions open with initialize-era backends.",
+        &["backend"],
+    );
+    for b in state.routes.backends.values() {
+        let name = &*b.name;
+        let transport = b.upstream.kind();
+        up.with_label_values(&[name, transport])
+            .set(i64::from(b.health.status() == Status::Up));
+        let verdict = b.verdict();
+        for v in [Verdict::Modern, Verdict::Legacy, Verdict::Unknown] {
+            protocol
+                .with_label_values(&[name, protocol_label(v)])
+                .set(i64::from(v == verdict));
+        }
+        if let Upstream::Stdio(s) = &b.upstream {
+            restarts.with_label_values(&[name]).inc_by(s.restarts());
+        }
+        sessions
+            .with_label_values(&[name])
+            .set(i64::from(b.bridge.has_session()));
+    }
+
+    let stats = state.cache.stats();
+    let lookups = counter_vec(
+        "portico_cache_requests_total",
+        "Cacheable requests by how the cache answered: hit, miss, coalesced, stale or bypass.",
+        &["outcome"],
+    );
+    for (outcome, n) in [
+        ("hit", stats.hits),
+        ("miss", stats.misses),
+        ("coalesced", stats.coalesced),
+        ("stale", stats.stale),
+        ("bypass", stats.bypassed),
+    ] {
+        lookups.with_label_values(&[outcome]).inc_by(n);
+    }
+    let single = |name: &str, help: &str, v: u64, counter: bool| -> Vec<MetricFamily> {
+        if counter {
+            let c = prometheus::IntCounter::new(name, help).expect("static metric definition");
+            c.inc_by(v);
+            c.collect()
+        } else {
+            let g = IntGauge::new(name, help).expect("static metric definition");
+            g.set(i64::try_from(v).unwrap_or(i64::MAX));
+            g.collect()
+        }
+    };
+
+    let mut out = Vec::new();
+    out.extend(up.collect());
+    out.extend(protocol.collect());
+    out.extend(restarts.collect());
+    out.extend(sessions.collect());
+    out.extend(lookups.collect());
+    out.extend(single(
+        "portico_cache_inserts_total",
+        "Entries stored in the cache.",
+        stats.inserts,
+        true,
+    ));
+    out.extend(single(
+        "portico_cache_evictions_total",
+        "Entries removed (or refused) to stay within cache.max_bytes.",
+        stats.evictions,
+        true,
+    ));
+    out.extend(single(
+        "portico_cache_entries",
+        "Entries held in the cache.",
+        stats.entries,
+        false,
+    ));
+    out.extend(single(
+        "portico_cache_bytes",
+        "Bytes of cached results held (counted against cache.max_bytes).",
+        stats.bytes,
+        false,
+    ));
+    out
 }
 
 fn outcome(ctx: &RequestCtx) -> &'static str {

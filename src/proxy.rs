@@ -34,6 +34,12 @@ pub struct RequestCtx {
     start: StdInstant,
     /// Backend or endpoint name serving the request.
     pub route: Option<Arc<str>>,
+    /// The backend the request went to (for a backend route, the route itself).
+    pub backend: Option<Arc<str>>,
+    /// The client's W3C `traceparent`, when well-formed (forwarded upstream by the allowlist).
+    pub traceparent: Option<HeaderValue>,
+    /// Time spent waiting for upstream answers.
+    pub upstream: Option<std::time::Duration>,
     /// The MCP method (from the header or the body).
     pub method: Option<String>,
     /// The JSON-RPC id, once read.
@@ -55,6 +61,9 @@ impl RequestCtx {
         RequestCtx {
             start: StdInstant::now(),
             route: None,
+            backend: None,
+            traceparent: None,
+            upstream: None,
             method: None,
             id: None,
             body: Bytes::new(),
@@ -70,6 +79,11 @@ impl RequestCtx {
         self.start.elapsed()
     }
 
+    /// Adds the time since `since` to the upstream wait.
+    fn upstream_since(&mut self, since: StdInstant) {
+        self.upstream = Some(self.upstream.unwrap_or_default() + since.elapsed());
+    }
+
     fn error_id(&self) -> Option<RequestId> {
         self.id.clone().or_else(|| protocol::sniff_id(&self.body))
     }
@@ -83,6 +97,7 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<crate::body::BodyError>,
 {
+    let _in_flight = state.metrics.in_flight();
     let mut ctx = RequestCtx::new();
     let resp = match handle_inner(&state, &mut ctx, req).await {
         Ok(resp) => resp,
@@ -107,6 +122,7 @@ where
     B::Error: Into<crate::body::BodyError>,
 {
     let (parts, body) = req.into_parts();
+    ctx.traceparent = frontend::traceparent(&parts.headers);
     // 1. route
     let path = parts.uri.path();
     if path == ADMIN_PURGE_PATH {
@@ -121,6 +137,7 @@ where
         })?;
     let Route::Backend(backend) = route;
     ctx.route = Some(backend.name.clone());
+    ctx.backend = Some(backend.name.clone());
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
@@ -168,10 +185,11 @@ async fn modern(
         }
         ctx.passthrough = true;
         let req = up.request(headers, &[], body.clone());
-        let ex = up
-            .exchange(req, deadline)
-            .await
-            .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
+        let sent = StdInstant::now();
+        let ex = up.exchange(req, deadline).await;
+        ctx.upstream_since(sent);
+        let ex =
+            ex.map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
         let status = ex.response.status();
         let (parts, relay) = up.relay(ex, deadline, body.clone());
         if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
@@ -245,7 +263,12 @@ pub async fn answer(
         {
             cached(state, ctx, backend, headers, env, id, body, deadline).await
         }
-        _ => dispatch(backend, headers, env, body, deadline).await,
+        _ => {
+            let sent = StdInstant::now();
+            let reply = dispatch(backend, headers, env, body, deadline).await;
+            ctx.upstream_since(sent);
+            reply
+        }
     }
 }
 
@@ -311,15 +334,28 @@ async fn cached(
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes),
     );
+    // Upstream time only when this request itself went upstream (a hit or a coalesced wait
+    // has none), in µs: an atomic because the fetch future must stay `Send`.
+    let upstream_us = std::sync::atomic::AtomicU64::new(u64::MAX);
     let served = state
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry, || async {
-            let reply = dispatch(backend, headers, env, body, deadline).await?;
+            let sent = StdInstant::now();
+            let reply = dispatch(backend, headers, env, body, deadline).await;
+            upstream_us.store(
+                sent.elapsed().as_micros() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            let reply = reply?;
             let status = reply.status.as_u16();
             let message = final_message(reply, backend).await?;
             Ok::<_, GatewayError>(Fetched { status, message })
         })
         .await?;
+    let us = upstream_us.into_inner();
+    if us != u64::MAX {
+        ctx.upstream = Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
+    }
     ctx.cache = Some(served.outcome.label());
     if served.ttl_remaining_ms.is_some() {
         // Something of this backend is (or was just) in the cache: listen for its changes.

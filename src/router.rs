@@ -30,6 +30,8 @@ pub struct Backend {
     pub timeout: Duration,
     /// Legacy-bridge state: probe lock and the upstream session.
     pub bridge: crate::bridge::BridgeState,
+    /// Last health check, for `/readyz` and `portico_backend_up`.
+    pub health: crate::health::Health,
 }
 
 impl Backend {
@@ -101,6 +103,7 @@ impl RouteTable {
                 verdict: AtomicU8::new(verdict as u8),
                 timeout: Duration::from_millis(cfg.timeout_ms),
                 bridge: Default::default(),
+                health: Default::default(),
             });
             routes.insert(
                 format!("/mcp/{}", cfg.name),

@@ -8,5 +8,6 @@ mod common;
 mod core;
 mod interop;
 mod legacy;
+mod observe;
 mod stdio;
 mod stdio_front;

@@ -21,6 +21,8 @@ pub const LATEST: &str = "2026-07-28";
 /// A portico instance running inside the test process.
 pub struct Gateway {
     pub addr: SocketAddr,
+    /// The metrics listener's address, when the config has `[metrics]`.
+    pub metrics_addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -31,9 +33,15 @@ impl Gateway {
             .expect("valid config");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        // `[metrics]` gets its own port 0 listener, whatever `listen` says.
+        let metrics = match &config.metrics {
+            Some(_) => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            None => None,
+        };
+        let metrics_addr = metrics.as_ref().map(|l| l.local_addr().unwrap());
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            portico::run(config, listener, async {
+            portico::run_with(config, listener, metrics, async {
                 let _ = rx.await;
             })
             .await
@@ -41,6 +49,7 @@ impl Gateway {
         });
         Gateway {
             addr,
+            metrics_addr,
             stop: Some(tx),
             task: Some(task),
         }
@@ -48,6 +57,14 @@ impl Gateway {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// A URL on the metrics listener (`/metrics`, `/healthz`, `/readyz`).
+    pub fn metrics_url(&self, path: &str) -> String {
+        let addr = self
+            .metrics_addr
+            .expect("the config has a [metrics] section");
+        format!("http://{addr}{path}")
     }
 
     /// Stops accepting and waits for the drain to finish.

@@ -1,0 +1,987 @@
+//! Observability and deployment (issue 7): the metrics listener (`/metrics`, `/healthz`,
+//! `/readyz`) scraped after real traffic through portico to real backends (the HTTP mock, a
+//! legacy mock, a stdio child and the built-in demo); `promtool` on a scrape under load and on
+//! the alert rules; the dashboard and alerts only name metrics a real scrape has; the Kubernetes
+//! manifests parse and their portico.toml passes `portico --check`; JSON access log lines carry
+//! the client's `traceparent`, which also reaches the backend.
+
+use crate::common::mock::MockMcp;
+use crate::common::*;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const STDIO_MOCK: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/gateway/fixtures/stdio_mock.py"
+);
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+// === Scrape parsing ===
+
+/// One sample line of the text format.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+fn parse_scrape(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("sample has a value");
+            let (name, labels) = match series.split_once('{') {
+                None => (series.to_string(), BTreeMap::new()),
+                Some((name, rest)) => {
+                    let body = rest.strip_suffix('}').expect("closing brace");
+                    let labels = body
+                        .split("\",")
+                        .filter(|p| !p.is_empty())
+                        .map(|p| {
+                            let (k, v) = p.split_once("=\"").expect("label k=\"v\"");
+                            (k.to_string(), v.trim_end_matches('"').to_string())
+                        })
+                        .collect();
+                    (name.to_string(), labels)
+                }
+            };
+            Sample {
+                name,
+                labels,
+                value: value.parse().expect("numeric value"),
+            }
+        })
+        .collect()
+}
+
+/// Sum of the samples called `name` whose labels include `labels`.
+fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+fn has(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> bool {
+    samples.iter().any(|s| {
+        s.name == name
+            && labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+    })
+}
+
+async fn scrape_text(gw: &Gateway) -> String {
+    let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.header("content-type")
+            .is_some_and(|c| c.starts_with("text/plain; version=0.0.4")),
+        "{:?}",
+        r.header("content-type")
+    );
+    String::from_utf8(r.body.to_vec()).expect("UTF-8 exposition")
+}
+
+async fn scrape(gw: &Gateway) -> Vec<Sample> {
+    parse_scrape(&scrape_text(gw).await)
+}
+
+/// Scrapes until `cond` holds (state that settles asynchronously: health checks, restarts).
+async fn scrape_until(gw: &Gateway, what: &str, cond: impl Fn(&[Sample]) -> bool) -> Vec<Sample> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = scrape(gw).await;
+        if cond(&s) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// === Setup ===
+
+/// A port nothing listens on.
+async fn dead_port() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Every kind of backend: modern HTTP (`m`), legacy HTTP (`old`), stdio (`s`), the built-in demo,
+/// and an unreachable one (`dead`).
+async fn full_setup() -> (
+    crate::common::mock::MockHandle,
+    crate::common::mock::MockHandle,
+    Gateway,
+) {
+    let mock = MockMcp::modern().start().await;
+    let legacy = MockMcp::legacy().start().await;
+    let dead = dead_port().await;
+    let toml = format!(
+        r#"
+[log]
+access = false
+
+[metrics]
+health_interval_ms = 200
+health_timeout_ms = 2000
+
+[[backends]]
+name = "m"
+url = "{m}"
+
+[[backends]]
+name = "old"
+url = "{old}"
+
+[[backends]]
+name = "s"
+command = ["python3", "{stdio}", "--modern"]
+
+[[backends]]
+name = "demo"
+builtin = "demo"
+
+[[backends]]
+name = "dead"
+url = "http://127.0.0.1:{dead}/mcp"
+protocol = "modern"
+timeout_ms = 2000
+"#,
+        m = mock.url(),
+        old = legacy.url(),
+        stdio = STDIO_MOCK,
+    );
+    let gw = Gateway::start(&toml).await;
+    (mock, legacy, gw)
+}
+
+async fn echo(gw: &Gateway, path: &str, text: &str) -> Resp {
+    mcp(
+        &gw.url(path),
+        json!(1),
+        "tools/call",
+        json!({"name":"echo","arguments":{"text":text}}),
+    )
+    .await
+}
+
+// === Tests ===
+
+#[tokio::test]
+async fn counters_follow_real_traffic() {
+    let (mock, legacy, gw) = full_setup().await;
+    for i in 0..5 {
+        let r = mcp(&gw.url("/mcp/m"), json!(i), "tools/list", json!({})).await;
+        assert_eq!(r.status, 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(echo(&gw, "/mcp/demo", "hi").await.status, 200);
+    }
+    assert_eq!(echo(&gw, "/mcp/s", "hi").await.status, 200);
+    let r = mcp(&gw.url("/mcp/old"), json!(1), "tools/list", json!({})).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    // A client error: the wrong content type.
+    let mut h = modern_headers("tools/list", None);
+    h[0] = ("content-type", "text/plain");
+    let body = modern_body(json!(9), "tools/list", json!({}));
+    assert_eq!(send("POST", &gw.url("/mcp/m"), &h, body).await.status, 415);
+    // Two backend errors: nothing listens behind `dead`.
+    for _ in 0..2 {
+        let r = mcp(&gw.url("/mcp/dead"), json!(1), "tools/list", json!({})).await;
+        assert_eq!(r.status, 502);
+    }
+    assert_eq!(mock.count("tools/list"), 5);
+    assert_eq!(legacy.count("tools/list"), 1);
+
+    let s = scrape_until(&gw, "health checks of every backend", |s| {
+        value(s, "portico_backend_up", &[("backend", "m")]) == 1.0
+            && value(s, "portico_backend_up", &[("backend", "s")]) == 1.0
+            && value(s, "portico_backend_up", &[("backend", "old")]) == 1.0
+    })
+    .await;
+    let req = |backend: &str, method: &str, outcome: &str| {
+        value(
+            &s,
+            "portico_requests_total",
+            &[
+                ("endpoint", backend),
+                ("backend", backend),
+                ("method", method),
+                ("outcome", outcome),
+            ],
+        )
+    };
+    assert_eq!(req("m", "tools/list", "ok"), 5.0);
+    // Refused before the method was read: counted, with method "none".
+    assert_eq!(req("m", "none", "client_error"), 1.0);
+    assert_eq!(req("demo", "tools/call", "ok"), 3.0);
+    assert_eq!(req("s", "tools/call", "ok"), 1.0);
+    assert_eq!(req("old", "tools/list", "ok"), 1.0);
+    assert_eq!(req("dead", "tools/list", "backend_error"), 2.0);
+    assert_eq!(
+        value(
+            &s,
+            "portico_request_errors_total",
+            &[("endpoint", "m"), ("reason", "unsupported_media_type")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(&s, "portico_request_errors_total", &[("endpoint", "dead")]),
+        2.0
+    );
+    // Latency: every request is timed; upstream time only for requests that reached a backend.
+    assert_eq!(
+        value(
+            &s,
+            "portico_request_duration_seconds_count",
+            &[("endpoint", "m")]
+        ),
+        6.0
+    );
+    for (backend, n) in [("m", 5.0), ("demo", 3.0), ("s", 1.0), ("old", 1.0)] {
+        assert_eq!(
+            value(
+                &s,
+                "portico_upstream_duration_seconds_count",
+                &[("backend", backend)]
+            ),
+            n,
+            "{backend}"
+        );
+        assert_eq!(
+            value(
+                &s,
+                "portico_upstream_duration_seconds_bucket",
+                &[("backend", backend), ("le", "+Inf")]
+            ),
+            n
+        );
+    }
+    assert_eq!(value(&s, "portico_in_flight_requests", &[]), 0.0);
+    // State mirrors.
+    assert_eq!(value(&s, "portico_backend_up", &[("backend", "dead")]), 0.0);
+    assert_eq!(
+        value(
+            &s,
+            "portico_backend_up",
+            &[("backend", "demo"), ("transport", "builtin")]
+        ),
+        1.0
+    );
+    for (backend, protocol) in [
+        ("m", "modern"),
+        ("old", "legacy"),
+        ("s", "modern"),
+        ("demo", "modern"),
+    ] {
+        assert_eq!(
+            value(
+                &s,
+                "portico_backend_protocol",
+                &[("backend", backend), ("protocol", protocol)]
+            ),
+            1.0,
+            "{backend} is {protocol}"
+        );
+        assert_eq!(
+            value(&s, "portico_backend_protocol", &[("backend", backend)]),
+            1.0,
+            "exactly one protocol per backend"
+        );
+    }
+    assert_eq!(
+        value(&s, "portico_legacy_sessions", &[("backend", "old")]),
+        1.0
+    );
+    assert_eq!(
+        value(&s, "portico_legacy_sessions", &[("backend", "m")]),
+        0.0
+    );
+    assert_eq!(
+        value(&s, "portico_stdio_restarts_total", &[("backend", "s")]),
+        0.0
+    );
+    assert!(!has(
+        &s,
+        "portico_stdio_restarts_total",
+        &[("backend", "m")]
+    ));
+    assert_eq!(
+        value(
+            &s,
+            "portico_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    // Label values are closed sets: nothing the client sent shows up.
+    assert!(
+        s.iter().all(|x| x.labels.values().all(|v| v != "hi")),
+        "client input in a label"
+    );
+
+    // A crashing stdio child is restarted, and the scrape says so.
+    let r = mcp(
+        &gw.url("/mcp/s"),
+        json!(2),
+        "tools/call",
+        json!({"name":"crash","arguments":{}}),
+    )
+    .await;
+    assert_eq!(r.status, 502, "{:?}", r.body);
+    scrape_until(&gw, "a stdio restart", |s| {
+        value(s, "portico_stdio_restarts_total", &[("backend", "s")]) >= 1.0
+    })
+    .await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_methods_and_paths_do_not_become_labels() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[metrics]\n[log]\naccess = false\n[[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+        mock.url()
+    ))
+    .await;
+    let r = mcp(
+        &gw.url("/mcp/m"),
+        json!(1),
+        "x/made-up-by-client",
+        json!({}),
+    )
+    .await;
+    assert!(r.status < 500);
+    let r = send("POST", &gw.url("/mcp/nowhere-secret"), &[], "{}").await;
+    assert_eq!(r.status, 404);
+    let text = scrape_text(&gw).await;
+    assert!(!text.contains("made-up-by-client"), "{text}");
+    assert!(!text.contains("nowhere-secret"), "{text}");
+    let s = parse_scrape(&text);
+    assert_eq!(
+        value(
+            &s,
+            "portico_requests_total",
+            &[("endpoint", "m"), ("method", "other")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            "portico_requests_total",
+            &[("endpoint", "none"), ("outcome", "client_error")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn in_flight_gauge_counts_requests_being_handled() {
+    let mock = MockMcp::modern()
+        .list_delay(Duration::from_millis(800))
+        .start()
+        .await;
+    let gw = Gateway::start(&format!(
+        "[metrics]\n[log]\naccess = false\n[[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+        mock.url()
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    let slow = tokio::spawn(async move {
+        let a = mcp(&url, json!(1), "tools/list", json!({}));
+        let b = mcp(&url, json!(2), "tools/list", json!({}));
+        let (a, b) = tokio::join!(a, b);
+        (a.status, b.status)
+    });
+    scrape_until(&gw, "two requests in flight", |s| {
+        value(s, "portico_in_flight_requests", &[]) == 2.0
+    })
+    .await;
+    assert_eq!(slow.await.unwrap(), (200, 200));
+    let s = scrape(&gw).await;
+    assert_eq!(value(&s, "portico_in_flight_requests", &[]), 0.0);
+}
+
+#[tokio::test]
+async fn cache_counters_are_read_from_the_cache_at_scrape_time() {
+    use portico::cache::{Fetched, KeyInput, Partition};
+    let config = portico::config::validate(
+        portico::config::parse("[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n").unwrap(),
+    )
+    .unwrap();
+    let state = portico::State::build(config, Arc::new(portico::metrics::Metrics::new())).unwrap();
+    let key = KeyInput {
+        backend: "demo",
+        credential_id: "",
+        method: "tools/list",
+        params: None,
+        protocol_version: LATEST,
+        capabilities: None,
+    };
+    let message = bytes::Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":"u","result":{"resultType":"complete","tools":[],"ttlMs":60000,"cacheScope":"public"}}"#,
+    );
+    for n in 0..4 {
+        let served = state
+            .cache
+            .get_or_fetch(
+                &key,
+                &Partition::Anonymous,
+                &portico::protocol::RequestId::number(n),
+                false,
+                || async {
+                    Ok::<_, ()>(Fetched {
+                        status: 200,
+                        message: message.clone(),
+                    })
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(served.status, 200);
+    }
+    state.cache.run_pending_tasks().await;
+    let s = parse_scrape(&String::from_utf8(state.metrics.render(&state)).unwrap());
+    let c = |outcome: &str| value(&s, "portico_cache_requests_total", &[("outcome", outcome)]);
+    assert_eq!((c("miss"), c("hit"), c("stale")), (1.0, 3.0, 0.0));
+    assert_eq!(value(&s, "portico_cache_inserts_total", &[]), 1.0);
+    assert_eq!(value(&s, "portico_cache_entries", &[]), 1.0);
+    assert!(value(&s, "portico_cache_bytes", &[]) > 0.0);
+    assert_eq!(value(&s, "portico_cache_evictions_total", &[]), 0.0);
+}
+
+/// `/readyz` body for a gateway, once every backend has been checked.
+async fn readyz_settled(gw: &Gateway) -> (u16, Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = send("GET", &gw.metrics_url("/readyz"), &[], "").await;
+        let v = r.json();
+        let checked = v["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["status"] != "unknown");
+        if checked {
+            return (r.status, v);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "backends never checked: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn healthz_and_readyz() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[metrics]\nhealth_interval_ms = 200\n[log]\naccess = false\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\n",
+        mock.url()
+    ))
+    .await;
+    let r = send("GET", &gw.metrics_url("/healthz"), &[], "").await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"ok\n"[..]));
+    let (status, v) = readyz_settled(&gw).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["ready"], true);
+    assert_eq!(v["backends_up"], 1);
+    let b = &v["backends"][0];
+    assert_eq!(
+        (&b["name"], &b["transport"], &b["protocol"], &b["status"]),
+        (&json!("m"), &json!("http"), &json!("modern"), &json!("up")),
+        "{v}"
+    );
+    assert!(b["checked_ms_ago"].is_u64() && b["error"].is_null(), "{v}");
+    // The health check probed the era before any client request.
+    assert!(mock.count("server/discover") >= 1);
+    let r = send("GET", &gw.metrics_url("/nothing"), &[], "").await;
+    assert_eq!(r.status, 404);
+    let r = send("POST", &gw.metrics_url("/metrics"), &[], "").await;
+    assert_eq!(r.status, 405);
+    // The client listener does not serve them.
+    let r = send("GET", &gw.url("/metrics"), &[], "").await;
+    assert_eq!(r.status, 404);
+}
+
+#[tokio::test]
+async fn readyz_is_503_when_the_only_backend_is_unreachable() {
+    let dead = dead_port().await;
+    let gw = Gateway::start(&format!(
+        "[metrics]\nhealth_interval_ms = 200\nhealth_timeout_ms = 1000\n[log]\naccess = false\n\
+         [[backends]]\nname = \"gone\"\nurl = \"http://127.0.0.1:{dead}/mcp\"\n"
+    ))
+    .await;
+    let r = send("GET", &gw.metrics_url("/healthz"), &[], "").await;
+    assert_eq!(r.status, 200, "alive even when not ready");
+    let (status, v) = readyz_settled(&gw).await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["ready"], false);
+    let b = &v["backends"][0];
+    assert_eq!(
+        (&b["status"], &b["protocol"]),
+        (&json!("down"), &json!("unknown"))
+    );
+    assert!(b["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    let s = scrape(&gw).await;
+    assert_eq!(value(&s, "portico_backend_up", &[("backend", "gone")]), 0.0);
+    assert_eq!(
+        value(
+            &s,
+            "portico_backend_protocol",
+            &[("backend", "gone"), ("protocol", "unknown")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn no_metrics_section_no_listener() {
+    let gw = Gateway::start("[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n").await;
+    assert!(gw.metrics_addr.is_none());
+}
+
+// === promtool ===
+
+/// `promtool` with `args`, `stdin` piped in; panics (never skips) when it is not installed.
+async fn promtool(args: &[&str], stdin: &[u8]) -> (bool, String) {
+    let mut child = tokio::process::Command::new("promtool")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "promtool is required for this test ({e}); install the Debian package `prometheus`"
+            )
+        });
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin).await.unwrap();
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("promtool within 60 s")
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn promtool_accepts_a_scrape_taken_under_load() {
+    let (_mock, _legacy, gw) = full_setup().await;
+    let gw = Arc::new(gw);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for (i, path) in [
+        "/mcp/m",
+        "/mcp/demo",
+        "/mcp/s",
+        "/mcp/old",
+        "/mcp/dead",
+        "/mcp/m",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (gw, stop) = (gw.clone(), stop.clone());
+        load.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let method = if i % 2 == 0 {
+                    "tools/list"
+                } else {
+                    "tools/call"
+                };
+                let params = if method == "tools/call" {
+                    json!({"name":"echo","arguments":{"text":"x"}})
+                } else {
+                    json!({})
+                };
+                mcp(&gw.url(path), json!(n), method, params).await;
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut scrapes = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        scrapes.push(scrape_text(&gw).await);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for l in load {
+        total += l.await.unwrap();
+    }
+    assert!(total > 10, "the load ran ({total} requests)");
+    for text in &scrapes {
+        let (ok, out) = promtool(&["check", "metrics"], text.as_bytes()).await;
+        assert!(ok, "promtool check metrics: {out}\n--- scrape ---\n{text}");
+        assert!(text.contains("portico_requests_total{"), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn promtool_accepts_the_alert_rules() {
+    let rules = format!("{ROOT}/deploy/prometheus/alerts.yml");
+    let (ok, out) = promtool(&["check", "rules", &rules], b"").await;
+    assert!(ok, "promtool check rules: {out}");
+}
+
+// === Dashboard and alerts name only real metrics ===
+
+/// Every `portico_*` identifier in `text`.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("portico_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.insert(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+fn exprs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("expr", Value::String(s)) => out.push(s.clone()),
+                    _ => exprs(v, out),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| exprs(v, out)),
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn dashboard_and_alerts_name_only_metrics_a_scrape_has() {
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/deploy/grafana/portico-dashboard.json")).unwrap(),
+    )
+    .expect("dashboard is JSON");
+    let alerts: Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(format!("{ROOT}/deploy/prometheus/alerts.yml")).unwrap(),
+    )
+    .expect("alert rules are YAML");
+    let mut from_dashboard = Vec::new();
+    exprs(&dashboard, &mut from_dashboard);
+    let mut from_alerts = Vec::new();
+    exprs(&alerts, &mut from_alerts);
+    assert!(from_dashboard.len() >= 10, "{from_dashboard:?}");
+    assert!(from_alerts.len() >= 4, "{from_alerts:?}");
+    let named: BTreeSet<String> = from_dashboard
+        .iter()
+        .chain(&from_alerts)
+        .flat_map(|e| metric_names(e))
+        .collect();
+
+    // A real scrape after traffic of every kind (so every labelled series exists).
+    let (_mock, _legacy, gw) = full_setup().await;
+    for path in ["/mcp/m", "/mcp/demo", "/mcp/s", "/mcp/old", "/mcp/dead"] {
+        mcp(&gw.url(path), json!(1), "tools/list", json!({})).await;
+    }
+    let s = scrape(&gw).await;
+    let present: BTreeSet<&str> = s.iter().map(|x| x.name.as_str()).collect();
+    let missing: Vec<&String> = named
+        .iter()
+        .filter(|n| !present.contains(n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "named in deploy/ but absent from a scrape: {missing:?}\npresent: {present:?}"
+    );
+    // And the other way round: every metric portico exports is on the dashboard.
+    let families: BTreeSet<String> = present
+        .iter()
+        .map(|n| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| {
+                    n.strip_suffix(suffix)
+                        .filter(|base| present.contains(format!("{base}_bucket").as_str()))
+                })
+                .unwrap_or(n)
+                .to_string()
+        })
+        .collect();
+    let dashboard_text = from_dashboard.join("\n");
+    for f in &families {
+        assert!(
+            dashboard_text.contains(f.as_str()),
+            "{f} is exported but not on the dashboard"
+        );
+    }
+}
+
+// === Kubernetes manifests ===
+
+fn k8s_documents() -> Vec<(PathBuf, Value)> {
+    let dir = Path::new(ROOT).join("deploy/k8s");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    let mut docs = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: not valid YAML: {e}", f.display()));
+            if !v.is_null() {
+                docs.push((f.clone(), v));
+            }
+        }
+    }
+    docs
+}
+
+fn kind<'a>(docs: &'a [(PathBuf, Value)], k: &str) -> &'a Value {
+    let found: Vec<_> = docs.iter().filter(|(_, d)| d["kind"] == k).collect();
+    assert_eq!(found.len(), 1, "exactly one {k}");
+    &found[0].1
+}
+
+#[tokio::test]
+async fn kubernetes_manifests_parse_and_their_config_passes_check() {
+    let docs = k8s_documents();
+    let mut kinds: Vec<&str> = docs
+        .iter()
+        .map(|(_, d)| d["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+    );
+    for (f, d) in &docs {
+        assert!(d["apiVersion"].is_string(), "{}", f.display());
+        assert!(d["metadata"]["name"].is_string(), "{}", f.display());
+    }
+
+    let deploy = kind(&docs, "Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let pod = &deploy["spec"]["template"];
+    let ann = &pod["metadata"]["annotations"];
+    assert_eq!(ann["prometheus.io/scrape"], "true");
+    assert_eq!(ann["prometheus.io/port"], "9464");
+    assert_eq!(ann["prometheus.io/path"], "/metrics");
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "metrics");
+    let ports: Vec<(&str, u64)> = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["containerPort"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ports, [("http", 8787), ("metrics", 9464)]);
+    assert!(c["resources"]["requests"]["cpu"].is_string());
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+    let pdb = kind(&docs, "PodDisruptionBudget");
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    let svc = kind(&docs, "Service");
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+
+    // The ConfigMap's portico.toml: the real binary's --check accepts it, and it binds every
+    // interface (in a pod, loopback is unreachable from the Service and the kubelet).
+    let cm = kind(&docs, "ConfigMap");
+    let toml = cm["data"]["portico.toml"]
+        .as_str()
+        .expect("portico.toml key");
+    let config = portico::config::validate(portico::config::parse(toml).unwrap()).unwrap();
+    assert!(config.server.listen.starts_with("0.0.0.0:"));
+    assert_eq!(config.metrics.as_ref().unwrap().listen, "0.0.0.0:9464");
+    let file = temp_file("configmap-portico.toml", toml);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .args(["--check", "--config"])
+        .arg(&file)
+        .output()
+        .await
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "portico --check: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And the volume mount puts it where the container's args look.
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args, ["--config", "/etc/portico/portico.toml"]);
+    assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/portico");
+}
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "portico-observe-{}-{}-{name}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+// === Logs and traces ===
+
+/// Reads JSON log lines until one satisfies `pick`.
+async fn log_line(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
+    what: &str,
+    pick: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no log line for {what} within 15 s"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("portico exited before logging {what}"));
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("log line is not JSON ({e}): {line}"));
+        if pick(&v) {
+            return v;
+        }
+    }
+}
+
+#[tokio::test]
+async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
+    let mock = MockMcp::modern().start().await;
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[log]\nformat = \"json\"\nlevel = \"info\"\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+        mock.url()
+    );
+    let file = temp_file("json-log.toml", &toml);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .arg("--config")
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let listening = log_line(&mut lines, "the client listener", |v| {
+        v["message"] == "portico listening"
+    })
+    .await;
+    let metrics = log_line(&mut lines, "the metrics listener", |v| {
+        v["message"] == "metrics listening"
+    })
+    .await;
+    let base = format!("http://{}", listening["addr"].as_str().unwrap());
+    let metrics = format!("http://{}", metrics["addr"].as_str().unwrap());
+
+    let r = mcp_with(
+        &format!("{base}/mcp/m"),
+        json!(1),
+        "tools/list",
+        json!({}),
+        &[("traceparent", TRACEPARENT), ("tracestate", "vendor=1")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let access = log_line(&mut lines, "the access log line", |v| {
+        v["target"] == "portico::access"
+    })
+    .await;
+    assert_eq!(access["traceparent"], TRACEPARENT, "{access}");
+    assert_eq!(access["backend"], "m", "{access}");
+    assert_eq!(access["method"], "tools/list", "{access}");
+    assert_eq!(access["status"], 200, "{access}");
+    assert!(access["duration_us"].is_u64(), "{access}");
+    let seen = mock.seen();
+    let req = seen
+        .iter()
+        .find(|s| s.body["method"] == "tools/list")
+        .expect("the backend got the request");
+    assert_eq!(
+        req.headers.get("traceparent").and_then(|v| v.to_str().ok()),
+        Some(TRACEPARENT)
+    );
+    assert_eq!(
+        req.headers.get("tracestate").and_then(|v| v.to_str().ok()),
+        Some("vendor=1")
+    );
+
+    // A malformed traceparent is not logged as one.
+    mcp_with(
+        &format!("{base}/mcp/m"),
+        json!(2),
+        "tools/list",
+        json!({}),
+        &[("traceparent", "hello\"world")],
+    )
+    .await;
+    let access = log_line(&mut lines, "the second access log line", |v| {
+        v["target"] == "portico::access"
+    })
+    .await;
+    assert_eq!(access["traceparent"], "", "{access}");
+
+    // The binary binds the metrics listener from the config.
+    let r = send("GET", &format!("{metrics}/healthz"), &[], "").await;
+    assert_eq!(r.status, 200);
+    let _ = child.kill().await;
+    let _ = std::fs::remove_file(&file);
+}
