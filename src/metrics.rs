@@ -20,6 +20,7 @@ pub struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     pub in_flight: IntGauge,
+    aggregate_omitted: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -50,6 +51,15 @@ impl Metrics {
         .expect("static metric definition");
         let in_flight = IntGauge::new("portico_in_flight_requests", "Requests being handled now.")
             .expect("static metric definition");
+        let aggregate_omitted = IntCounterVec::new(
+            Opts::new(
+                "portico_aggregate_member_omitted_total",
+                "Members left out of an aggregated endpoint's answer (failure_mode = open), by \
+                 endpoint and backend.",
+            ),
+            &["endpoint", "backend"],
+        )
+        .expect("static metric definition");
         let build = IntGaugeVec::new(
             Opts::new("portico_build_info", "Build information; always 1."),
             &["version"],
@@ -60,6 +70,7 @@ impl Metrics {
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
             Box::new(in_flight.clone()),
+            Box::new(aggregate_omitted.clone()),
             Box::new(build),
         ] {
             registry.register(c).expect("metric registered once");
@@ -69,7 +80,15 @@ impl Metrics {
             requests,
             duration,
             in_flight,
+            aggregate_omitted,
         }
+    }
+
+    /// An aggregated endpoint answered without one of its members (labels come from config).
+    pub fn aggregate_omitted(&self, endpoint: &str, backend: &str) {
+        self.aggregate_omitted
+            .with_label_values(&[endpoint, backend])
+            .inc();
     }
 
     /// The single exit of the request pipeline reports here.
