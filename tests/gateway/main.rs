@@ -3,6 +3,7 @@
 //! (`common::mock`) for exact wire checks and fault injection, and the official SDKs (`interop`)
 //! installed by `tests/interop/setup.sh`.
 
+mod aggregate;
 mod common;
 mod core;
 mod interop;
