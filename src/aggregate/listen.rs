@@ -159,33 +159,53 @@ async fn open(
         let mut params = Map::new();
         params.insert("notifications".into(), agreed.clone());
         let body = req.part_body("subscriptions/listen", params);
-        let env = protocol::parse_envelope(&body).map_err(crate::frontend::envelope_error)?;
-        let headers = part_headers(req.headers);
-        let mut ctx = req.ctx.clone();
         let deadline = Instant::now() + LISTEN_LIFETIME;
-        let reply = proxy::answer(req.state, &mut ctx, b, &headers, &env, body, deadline).await?;
-        if reply.status.is_client_error() || reply.status.is_server_error() {
-            return Err(GatewayError::BackendFailed {
-                backend: b.name.to_string(),
-                detail: format!("subscriptions/listen answered HTTP {}", reply.status),
-            });
-        }
-        let messages = match reply.messages {
-            MessageStream::Many(s) => s,
-            MessageStream::One(m) => futures_util::stream::iter(vec![Ok(m)]).boxed(),
-            MessageStream::Empty => futures_util::stream::empty().boxed(),
-        };
-        // The stream ends with the member's result (or an error, or its end).
-        let s = messages
-            .take_while(|m| {
-                let end = match m {
-                    Ok(m) => protocol::sniff_id(m).is_some(),
-                    Err(_) => true,
-                };
-                std::future::ready(!end)
+        if let Upstream::Stdio(s) = &b.upstream {
+            // On stdio the acknowledgement and the notifications are not tied to the request
+            // (they arrive through the broadcast), so the call would not return before the
+            // stream ends: it is driven inside the stream instead, and only keeps the child's
+            // subscription open. Not cacheable, so nothing is lost by skipping `proxy::answer`.
+            let s = s.clone();
+            let hold = futures_util::stream::once(async move {
+                if let Ok(Reply {
+                    messages: MessageStream::Many(mut m),
+                    ..
+                }) = s.call(body, deadline).await
+                {
+                    while m.next().await.is_some() {}
+                }
             })
-            .filter_map(|m| std::future::ready(m.ok().and_then(|m| list_changed(&m))));
-        listened = Some(s.boxed());
+            .filter_map(|()| std::future::ready(None::<&'static str>));
+            listened = Some(hold.boxed());
+        } else {
+            let env = protocol::parse_envelope(&body).map_err(crate::frontend::envelope_error)?;
+            let headers = part_headers(req.headers);
+            let mut ctx = req.ctx.clone();
+            let reply =
+                proxy::answer(req.state, &mut ctx, b, &headers, &env, body, deadline).await?;
+            if reply.status.is_client_error() || reply.status.is_server_error() {
+                return Err(GatewayError::BackendFailed {
+                    backend: b.name.to_string(),
+                    detail: format!("subscriptions/listen answered HTTP {}", reply.status),
+                });
+            }
+            let messages = match reply.messages {
+                MessageStream::Many(s) => s,
+                MessageStream::One(m) => futures_util::stream::iter(vec![Ok(m)]).boxed(),
+                MessageStream::Empty => futures_util::stream::empty().boxed(),
+            };
+            // The stream ends with the member's result (or an error, or its end).
+            let s = messages
+                .take_while(|m| {
+                    let end = match m {
+                        Ok(m) => protocol::sniff_id(m).is_some(),
+                        Err(_) => true,
+                    };
+                    std::future::ready(!end)
+                })
+                .filter_map(|m| std::future::ready(m.ok().and_then(|m| list_changed(&m))));
+            listened = Some(s.boxed());
+        }
     }
     match (broadcast, listened) {
         (Some(rx), listened) => {

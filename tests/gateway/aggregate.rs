@@ -421,8 +421,8 @@ async fn legacy_clients_are_served_on_an_endpoint() {
     gw.stop().await;
 }
 
-/// Reads SSE messages off a streaming response until `until` says stop or `within` passes.
-async fn read_for(
+/// Reads SSE messages off a streaming response for `within`.
+pub(crate) async fn read_for(
     body: &mut hyper::body::Incoming,
     dec: &mut portico::sse::SseDecoder,
     within: Duration,
