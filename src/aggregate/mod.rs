@@ -19,8 +19,8 @@
 //!   stripped from the body and the header. Bare names are found in the name index the lists
 //!   fill (a miss re-walks the list once). Results, `input_required` included, pass through
 //!   untouched, so an MRTR retry (same name) reaches the same member.
-//! - `resources/read` (and `completion/complete` on a resource): routed by URI. Fallback order,
-//!   documented in README: the URI index from `resources/list` → a member whose resource
+//! - `resources/read` (and `completion/complete` on a resource): routed by URI. Fallback order:
+//!   the URI index from `resources/list` → a member whose resource
 //!   template matches the URI → the same two after re-walking both lists once → `-32602`
 //!   "Resource not found" with `data.uri`. A URI listed by two members belongs to the first.
 //! - `subscriptions/listen`: `listen`.
