@@ -633,6 +633,39 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
                 ));
             }
             prefixes.push((m.name(), prefix));
+            if let EndpointBackend::Detailed(d) = m {
+                for (list, globs) in [("allow", &d.tools.allow), ("deny", &d.tools.deny)] {
+                    if globs.iter().any(|g| g.is_empty()) {
+                        return Err(invalid(
+                            format!("endpoints[{i}].backends[{j}].tools.{list}"),
+                            "empty pattern (use \"*\" for every tool)",
+                        ));
+                    }
+                }
+            }
+        }
+        // Bare names can only be compared once the lists arrive (list-time error), except when
+        // two bare members both allow the same literal tool name: that collision is certain.
+        let mut literals: Vec<(&str, &str)> = Vec::new();
+        for (j, m) in e.backends.iter().enumerate() {
+            let EndpointBackend::Detailed(d) = m else {
+                continue;
+            };
+            if d.prefix.as_deref() != Some("") {
+                continue;
+            }
+            for name in d.tools.allow.iter().filter(|g| !g.contains(['*', '?'])) {
+                if let Some((other, _)) = literals.iter().find(|(_, n)| *n == name) {
+                    return Err(invalid(
+                        format!("endpoints[{i}].backends[{j}].tools.allow"),
+                        format!(
+                            "bare tool name {name:?} would be exposed by both {other:?} and {:?}",
+                            d.name
+                        ),
+                    ));
+                }
+                literals.push((&d.name, name));
+            }
         }
     }
     Ok(config)
@@ -762,6 +795,47 @@ mod tests {
         assert!(same.to_string().contains("metrics.listen"), "{same}");
         let unknown = check("[metrics]\nport=3\n").unwrap_err();
         assert!(unknown.to_string().contains("port"), "{unknown}");
+    }
+
+    #[test]
+    fn endpoint_rules() {
+        let two =
+            "[[backends]]\nname='a'\nbuiltin='demo'\n[[backends]]\nname='b'\nbuiltin='demo'\n";
+        let ok = check(&format!(
+            "{two}[[endpoints]]\npath='/mcp'\nbackends=['a',{{name='b',prefix='',tools={{deny=['x*']}}}}]\n"
+        ))
+        .unwrap();
+        assert_eq!(ok.endpoints[0].separator, DEFAULT_SEPARATOR);
+        assert_eq!(ok.endpoints[0].failure_mode, FailureMode::Open);
+        let clash = check(&format!(
+            "{two}[[endpoints]]\npath='/mcp/a'\nbackends=['a','b']\n"
+        ))
+        .unwrap_err();
+        assert!(clash.to_string().contains("endpoints[0].path"), "{clash}");
+        let bare = check(&format!(
+            "{two}[[endpoints]]\npath='/mcp'\nbackends=[{{name='a',prefix='',tools={{allow=['t']}}}},{{name='b',prefix='',tools={{allow=['t']}}}}]\n"
+        ))
+        .unwrap_err();
+        let msg = bare.to_string();
+        assert!(msg.contains("\"a\"") && msg.contains("\"b\""), "{msg}");
+        let same_prefix = check(&format!(
+            "{two}[[endpoints]]\npath='/mcp'\nbackends=['a',{{name='b',prefix='a'}}]\n"
+        ))
+        .unwrap_err();
+        assert!(same_prefix.to_string().contains("prefix"), "{same_prefix}");
+        let sep = check(&format!(
+            "{two}[[endpoints]]\npath='/mcp'\nbackends=[{{name='a',prefix='x__y'}}]\n"
+        ))
+        .unwrap_err();
+        assert!(sep.to_string().contains("separator"), "{sep}");
+        let empty_glob = check(&format!(
+            "{two}[[endpoints]]\npath='/mcp'\nbackends=[{{name='a',tools={{deny=['']}}}}]\n"
+        ))
+        .unwrap_err();
+        assert!(
+            empty_glob.to_string().contains("tools.deny"),
+            "{empty_glob}"
+        );
     }
 
     #[test]

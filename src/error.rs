@@ -63,6 +63,18 @@ pub enum GatewayError {
     Overloaded { backend: String },
     #[error("internal error")]
     Internal(String),
+    /// Two members of an aggregated endpoint expose the same name: a configuration problem
+    /// surfaced when the lists arrive, never resolved by silently dropping one.
+    #[error(
+        "name collision: {name:?} is exposed by both backend {first:?} and backend {second:?}; give one of them a prefix"
+    )]
+    NameCollision {
+        name: String,
+        first: String,
+        second: String,
+    },
+    #[error("Resource not found: {uri}")]
+    ResourceNotFound { uri: String },
 }
 
 impl GatewayError {
@@ -72,7 +84,7 @@ impl GatewayError {
             BackendUnreachable { .. } | BackendTimeout { .. } | BackendFailed { .. } => {
                 Fault::Backend
             }
-            Overloaded { .. } | Internal(_) => Fault::Gateway,
+            Overloaded { .. } | Internal(_) | NameCollision { .. } => Fault::Gateway,
             _ => Fault::Client,
         }
     }
@@ -93,11 +105,12 @@ impl GatewayError {
             | HeaderMismatch(_)
             | InvalidParams(_)
             | UnsupportedVersion { .. }
+            | ResourceNotFound { .. }
             | BadRequest(_) => StatusCode::BAD_REQUEST,
             BackendUnreachable { .. } | BackendFailed { .. } => StatusCode::BAD_GATEWAY,
             BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Internal(_) | NameCollision { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -106,7 +119,7 @@ impl GatewayError {
         match self {
             Parse(_) => code::PARSE_ERROR,
             HeaderMismatch(_) => code::HEADER_MISMATCH,
-            InvalidParams(_) => code::INVALID_PARAMS,
+            InvalidParams(_) | ResourceNotFound { .. } => code::INVALID_PARAMS,
             UnsupportedVersion { .. } => code::UNSUPPORTED_VERSION,
             MethodNotFound(_) => code::METHOD_NOT_FOUND,
             MethodNotAllowed
@@ -126,7 +139,8 @@ impl GatewayError {
             | BackendTimeout { .. }
             | BackendFailed { .. }
             | Overloaded { .. }
-            | Internal(_) => code::INTERNAL_ERROR,
+            | Internal(_)
+            | NameCollision { .. } => code::INTERNAL_ERROR,
         }
     }
 
@@ -156,6 +170,8 @@ impl GatewayError {
             BackendFailed { .. } => "backend_failed",
             Overloaded { .. } => "overloaded",
             Internal(_) => "internal",
+            NameCollision { .. } => "name_collision",
+            ResourceNotFound { .. } => "resource_not_found",
         }
     }
 
@@ -165,6 +181,7 @@ impl GatewayError {
                 "supported": SUPPORTED_VERSIONS,
                 "requested": requested,
             })),
+            GatewayError::ResourceNotFound { uri } => Some(serde_json::json!({ "uri": uri })),
             _ => None,
         }
     }

@@ -14,7 +14,6 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
-use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::State;
@@ -24,8 +23,8 @@ use crate::frontend::{self, Head};
 use crate::protocol::{
     self, Kind, LATEST_VERSION, LEGACY_VERSIONS, RequestId, code, header as h, meta,
 };
-use crate::proxy::{RequestCtx, answer, json_response, render};
-use crate::router::Backend;
+use crate::proxy::{RequestCtx, dispatch, json_response, render_as};
+use crate::router::Route;
 use crate::session::SessionData;
 use crate::upstream::{MessageStream, Reply};
 
@@ -34,7 +33,7 @@ pub async fn serve(
     state: &State,
     ctx: &mut RequestCtx,
     path: &str,
-    backend: &Arc<Backend>,
+    route: &Route,
     headers: &HeaderMap,
     head: Head,
     body: Bytes,
@@ -42,13 +41,13 @@ pub async fn serve(
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
     ctx.id = env.id.clone();
     ctx.method = Some(env.method.clone());
-    let deadline = Instant::now() + backend.timeout;
+    let deadline = Instant::now() + route.timeout();
     if env.kind == Kind::Request && env.method == "initialize" {
         return initialize(
             state,
             ctx,
             path,
-            backend,
+            route,
             headers,
             &body,
             env.id.as_ref(),
@@ -90,17 +89,24 @@ pub async fn serve(
     }
     let modern_body = modernize(&body, &session)?;
     let modern_env = protocol::parse_envelope(&modern_body).map_err(frontend::envelope_error)?;
-    let reply = answer(
+    let reply = dispatch(
         state,
         ctx,
-        backend,
+        route,
         headers,
         &modern_env,
         modern_body,
         deadline,
     )
     .await?;
-    Ok(render(legacy_reply(reply, &env.method), Some(&id), backend).await)
+    let timeout_ms = route.timeout().as_millis() as u64;
+    Ok(render_as(
+        legacy_reply(reply, &env.method),
+        Some(&id),
+        &route.name(),
+        timeout_ms,
+    )
+    .await)
 }
 
 /// `DELETE` with a session id ends the session. Ids are self-contained, so there is nothing to
@@ -150,7 +156,7 @@ async fn initialize(
     state: &State,
     ctx: &mut RequestCtx,
     path: &str,
-    backend: &Arc<Backend>,
+    route: &Route,
     headers: &HeaderMap,
     body: &[u8],
     id: Option<&RequestId>,
@@ -172,11 +178,11 @@ async fn initialize(
         &session,
     )?;
     let env = protocol::parse_envelope(&discover).map_err(frontend::envelope_error)?;
-    let reply = answer(state, ctx, backend, headers, &env, discover, deadline).await?;
+    let reply = dispatch(state, ctx, route, headers, &env, discover, deadline).await?;
     let found = first_response(reply).await?;
     if let Some(err) = found.get("error") {
         return Err(GatewayError::BackendFailed {
-            backend: backend.name.to_string(),
+            backend: route.name().to_string(),
             detail: format!("server/discover failed: {}", err["message"]),
         });
     }
@@ -193,7 +199,7 @@ async fn initialize(
     let server_info = if server_info.is_object() {
         server_info
     } else {
-        json!({"name": backend.name.as_ref(), "version": "unknown"})
+        json!({"name": route.name().as_ref(), "version": "unknown"})
     };
     let mut init = json!({
         "protocolVersion": version,

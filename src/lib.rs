@@ -13,7 +13,8 @@
 //! - [`legacy`]: initialize-era *clients* served on the same endpoints; [`session`] seals their
 //!   session ids.
 //! - [`protocol`]: MCP/JSON-RPC vocabulary and the cheap envelope parser (pure).
-//! - [`router`]: path → backend, per-backend state.
+//! - [`router`]: path → backend or endpoint, per-backend state.
+//! - [`aggregate`]: `[[endpoints]]` — several backends served as one MCP server.
 //! - [`upstream`]: how backends are reached (HTTP pool, stdio child, built-in).
 //! - [`demo`]: the built-in demo backend.
 //! - [`error`]: `GatewayError`, the only builder of error responses.
@@ -26,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod aggregate;
 pub mod body;
 pub mod bridge;
 pub mod cache;

@@ -37,6 +37,7 @@ pub struct Metrics {
     duration: HistogramVec,
     upstream: HistogramVec,
     in_flight: IntGauge,
+    aggregate_omitted: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -95,6 +96,12 @@ impl Metrics {
         );
         let in_flight = IntGauge::new("portico_in_flight_requests", "Requests being handled now.")
             .expect("static metric definition");
+        let aggregate_omitted = counter_vec(
+            "portico_aggregate_member_omitted_total",
+            "Members left out of an aggregated endpoint's answer (failure_mode = open), by \
+             endpoint and backend.",
+            &["endpoint", "backend"],
+        );
         let build = gauge_vec(
             "portico_build_info",
             "Build information; always 1.",
@@ -107,6 +114,7 @@ impl Metrics {
             Box::new(duration.clone()),
             Box::new(upstream.clone()),
             Box::new(in_flight.clone()),
+            Box::new(aggregate_omitted.clone()),
             Box::new(build),
         ] {
             registry.register(c).expect("metric registered once");
@@ -118,6 +126,7 @@ impl Metrics {
             duration,
             upstream,
             in_flight,
+            aggregate_omitted,
         }
     }
 
@@ -125,6 +134,13 @@ impl Metrics {
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.inc();
         InFlight(self.in_flight.clone())
+    }
+
+    /// An aggregated endpoint answered without one of its members (labels come from config).
+    pub fn aggregate_omitted(&self, endpoint: &str, backend: &str) {
+        self.aggregate_omitted
+            .with_label_values(&[endpoint, backend])
+            .inc();
     }
 
     /// The single exit of the request pipeline reports here.

@@ -17,6 +17,7 @@ use std::time::Instant as StdInstant;
 use tokio::time::Instant;
 
 use crate::State;
+use crate::aggregate;
 use crate::body::{Body, sse_event};
 use crate::bridge;
 use crate::cache::{Fetched, KeyInput, Partition};
@@ -29,7 +30,9 @@ use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, http::is_event_s
 use serde_json::Value;
 
 /// Everything known about one request, filled in as it moves through the phases and read once
-/// at the exit by metrics and the access log.
+/// at the exit by metrics and the access log. `Clone` so an aggregated endpoint can give each
+/// concurrent part request its own copy.
+#[derive(Clone)]
 pub struct RequestCtx {
     start: StdInstant,
     /// Backend or endpoint name serving the request.
@@ -135,9 +138,10 @@ where
         .ok_or_else(|| GatewayError::NoRoute {
             path: path.to_string(),
         })?;
-    let Route::Backend(backend) = route;
-    ctx.route = Some(backend.name.clone());
-    ctx.backend = Some(backend.name.clone());
+    ctx.route = Some(route.name());
+    if let Route::Backend(backend) = route {
+        ctx.backend = Some(backend.name.clone());
+    }
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
@@ -153,9 +157,35 @@ where
     let head = Head::read(&parts.headers);
     let era = frontend::era(&head, &body)?;
     ctx.era = Some(era);
-    match era {
-        Era::Modern => modern(state, ctx, backend, &parts.headers, head, body).await,
-        Era::Legacy => legacy::serve(state, ctx, path, backend, &parts.headers, head, body).await,
+    match (era, route) {
+        (Era::Modern, Route::Backend(backend)) => {
+            modern(state, ctx, backend, &parts.headers, head, body).await
+        }
+        (Era::Modern, Route::Endpoint(ep)) => {
+            aggregate::serve(state, ctx, ep, &parts.headers, head, body).await
+        }
+        (Era::Legacy, route) => {
+            legacy::serve(state, ctx, path, route, &parts.headers, head, body).await
+        }
+    }
+}
+
+/// Dispatch for a route: a backend's `answer`, or an aggregated endpoint's (which calls
+/// `answer` once per member involved).
+pub async fn dispatch(
+    state: &State,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    headers: &http::HeaderMap,
+    env: &Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    match route {
+        Route::Backend(b) => answer(state, ctx, b, headers, env, body, deadline).await,
+        Route::Endpoint(ep) => {
+            aggregate::answer(state, ctx, ep, headers, env, body, deadline).await
+        }
     }
 }
 
@@ -265,15 +295,15 @@ pub async fn answer(
         }
         _ => {
             let sent = StdInstant::now();
-            let reply = dispatch(backend, headers, env, body, deadline).await;
+            let reply = call_backend(backend, headers, env, body, deadline).await;
             ctx.upstream_since(sent);
             reply
         }
     }
 }
 
-/// The per-backend dispatch: legacy backends through the bridge, modern ones forwarded.
-async fn dispatch(
+/// The per-backend call: legacy backends through the bridge, modern ones forwarded.
+async fn call_backend(
     backend: &Arc<Backend>,
     headers: &http::HeaderMap,
     env: &Envelope,
@@ -341,7 +371,7 @@ async fn cached(
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry, || async {
             let sent = StdInstant::now();
-            let reply = dispatch(backend, headers, env, body, deadline).await;
+            let reply = call_backend(backend, headers, env, body, deadline).await;
             upstream_us.store(
                 sent.elapsed().as_micros() as u64,
                 std::sync::atomic::Ordering::Relaxed,
@@ -354,7 +384,8 @@ async fn cached(
         .await?;
     let us = upstream_us.into_inner();
     if us != u64::MAX {
-        ctx.upstream = Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
+        ctx.upstream =
+            Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
     }
     ctx.cache = Some(served.outcome.label());
     if served.ttl_remaining_ms.is_some() {
@@ -509,6 +540,16 @@ pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
 /// come first (progress), the answer becomes an SSE stream that relays each message as it
 /// arrives. Dropping the stream (client gone) drops the upstream side too.
 pub async fn render(reply: Reply, id: Option<&RequestId>, backend: &Backend) -> Response<Body> {
+    render_as(reply, id, &backend.name, backend.cfg.timeout_ms).await
+}
+
+/// `render` for any route: `name` and `timeout_ms` only label errors that end a stream.
+pub async fn render_as(
+    reply: Reply,
+    id: Option<&RequestId>,
+    name: &str,
+    timeout_ms: u64,
+) -> Response<Body> {
     match reply.messages {
         MessageStream::Empty => {
             let mut resp = Response::new(Body::Empty);
@@ -520,14 +561,13 @@ pub async fn render(reply: Reply, id: Option<&RequestId>, backend: &Backend) -> 
             let first = match stream.next().await {
                 None => {
                     return GatewayError::BackendFailed {
-                        backend: backend.name.to_string(),
+                        backend: name.to_string(),
                         detail: "the answer stream ended without a response".into(),
                     }
                     .into_response(id);
                 }
                 Some(Err(e)) => {
-                    return GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e)
-                        .into_response(id);
+                    return GatewayError::from_upstream(name, timeout_ms, &e).into_response(id);
                 }
                 Some(Ok(first)) => first,
             };
@@ -536,8 +576,7 @@ pub async fn render(reply: Reply, id: Option<&RequestId>, backend: &Backend) -> 
             }
             let stream = futures_util::stream::once(async move { Ok(first) }).chain(stream);
             let id = id.cloned();
-            let name = backend.name.clone();
-            let timeout_ms = backend.cfg.timeout_ms;
+            let name = name.to_string();
             let events = stream.map(move |item| match item {
                 Ok(msg) => sse_event(&msg),
                 Err(e) => sse_event(

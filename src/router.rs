@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use crate::aggregate::Endpoint;
 use crate::config::{BackendConfig, Config, Protocol};
 use crate::demo::Demo;
 use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
@@ -52,6 +53,26 @@ impl Backend {
 #[derive(Clone)]
 pub enum Route {
     Backend(Arc<Backend>),
+    /// Several backends as one MCP server (`aggregate`).
+    Endpoint(Arc<Endpoint>),
+}
+
+impl Route {
+    /// The backend name, or the endpoint path: the metrics label and the name in errors.
+    pub fn name(&self) -> Arc<str> {
+        match self {
+            Route::Backend(b) => b.name.clone(),
+            Route::Endpoint(e) => e.path.clone(),
+        }
+    }
+
+    /// Deadline budget of one request on this route (an endpoint: its slowest member's).
+    pub fn timeout(&self) -> Duration {
+        match self {
+            Route::Backend(b) => b.timeout,
+            Route::Endpoint(e) => e.timeout,
+        }
+    }
 }
 
 /// Path → route, plus every backend by name.
@@ -110,6 +131,13 @@ impl RouteTable {
                 Route::Backend(backend.clone()),
             );
             backends.insert(cfg.name.clone(), backend);
+        }
+        for cfg in &config.endpoints {
+            let ep = Endpoint::build(cfg, &backends).map_err(|message| BuildError {
+                backend: cfg.path.clone(),
+                message,
+            })?;
+            routes.insert(cfg.path.clone(), Route::Endpoint(Arc::new(ep)));
         }
         Ok(RouteTable { routes, backends })
     }

@@ -44,6 +44,9 @@ pub struct SessionData {
 
 pub struct Sessions {
     key: LessSafeKey,
+    /// Signs aggregated-list cursors (`aggregate::cursor`); derived from the same key material,
+    /// so cursors too survive restarts and move between replicas when a key is configured.
+    pub cursor_key: ring::hmac::Key,
     rng: SystemRandom,
     pub ttl: Duration,
 }
@@ -111,11 +114,21 @@ impl Sessions {
                 k
             }
         };
+        // A separate key per purpose: HMAC(key material, label).
+        let cursor_key = ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            ring::hmac::sign(
+                &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes),
+                b"portico-cursor-v1",
+            )
+            .as_ref(),
+        );
         let key = LessSafeKey::new(
             UnboundKey::new(&CHACHA20_POLY1305, &bytes).expect("32-byte key for ChaCha20-Poly1305"),
         );
         Sessions {
             key,
+            cursor_key,
             rng,
             ttl: Duration::from_millis(cfg.ttl_ms),
         }

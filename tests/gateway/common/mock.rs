@@ -51,6 +51,8 @@ struct Opts {
     cache_scope: Option<&'static str>,
     list_delay: Duration,
     list_changed: bool,
+    /// Tools per `tools/list` page (`None` = all on one page).
+    page_size: Option<usize>,
 }
 
 /// Builder for a mock backend.
@@ -117,6 +119,7 @@ impl MockMcp {
                 cache_scope: Some("public"),
                 list_delay: Duration::ZERO,
                 list_changed: false,
+                page_size: None,
             },
         }
     }
@@ -159,6 +162,12 @@ impl MockMcp {
     /// Delay before answering list requests.
     pub fn list_delay(mut self, d: Duration) -> Self {
         self.opts.list_delay = d;
+        self
+    }
+
+    /// Paginate `tools/list`: `n` tools per page, `nextCursor` = the next offset.
+    pub fn page_size(mut self, n: usize) -> Self {
+        self.opts.page_size = Some(n);
         self
     }
 
@@ -488,7 +497,24 @@ async fn answer(
         "tools/list" => {
             tokio::time::sleep(list_delay).await;
             let cursor = params["cursor"].as_str();
-            wrap(json!({"tools": tools(&state), "echoCursor": cursor}), true)
+            match opts.page_size {
+                None => wrap(json!({"tools": tools(&state), "echoCursor": cursor}), true),
+                Some(n) => {
+                    let all = tools(&state).as_array().cloned().unwrap_or_default();
+                    let Some(from) = cursor.map_or(Some(0), |c| c.parse::<usize>().ok()) else {
+                        return json_resp(
+                            StatusCode::BAD_REQUEST,
+                            &err(&id, -32602, "invalid cursor"),
+                        );
+                    };
+                    let to = (from + n).min(all.len());
+                    let mut page = json!({"tools": all.get(from..to).unwrap_or(&[])});
+                    if to < all.len() {
+                        page["nextCursor"] = json!(to.to_string());
+                    }
+                    wrap(page, true)
+                }
+            }
         }
         "prompts/list" => wrap(json!({"prompts":[{"name":"greet"}]}), true),
         "resources/list" => wrap(json!({"resources":[{"uri":"mock://r","name":"r"}]}), true),

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+mod aggregate;
 mod cache;
 mod core;
 mod legacy;

@@ -1,0 +1,716 @@
+//! Aggregated endpoints: several backends served as one MCP server (`[[endpoints]]`).
+//!
+//! Who calls it: `proxy::handle_inner` sends a modern request on an endpoint path to [`serve`];
+//! `legacy::serve` reaches [`answer`] through `proxy::dispatch` after translating an
+//! initialize-era request. Every request to a member goes through `proxy::answer`, the one
+//! per-backend dispatch (bridge, stdio, cache), as a well-formed 2026-07-28 request of its own,
+//! so aggregation works over every backend kind and each part is cached on its own.
+//!
+//! What an endpoint does, by method:
+//! - `server/discover`: one answer — the versions portico serves, the union of the members'
+//!   capabilities, portico's serverInfo, each member's instructions labelled by backend.
+//! - the four lists: fan out to the members in parallel (each with its own timeout), merge in
+//!   config order, rewrite tool and prompt names to `<prefix><separator><name>` (`merge`), sign
+//!   a cursor for the pages still to come (`cursor`). `failure_mode` decides what a failing
+//!   member does to the list: left out and counted (`open`) or a JSON-RPC error naming it
+//!   (`closed`). A member answering `-32601` simply has no such list and is not a failure.
+//! - `tools/call`, `prompts/get`: routed by name (the body's, which `frontend::verify_modern` has
+//!   checked the `Mcp-Name` header against) to the member owning the prefix; the prefix is
+//!   stripped from the body and the header. Bare names are found in the name index the lists
+//!   fill (a miss re-walks the list once). Results, `input_required` included, pass through
+//!   untouched, so an MRTR retry (same name) reaches the same member.
+//! - `resources/read` (and `completion/complete` on a resource): routed by URI. Fallback order:
+//!   the URI index from `resources/list` → a member whose resource
+//!   template matches the URI → the same two after re-walking both lists once → `-32602`
+//!   "Resource not found" with `data.uri`. A URI listed by two members belongs to the first.
+//! - `subscriptions/listen`: `listen`.
+
+pub mod cursor;
+mod listen;
+pub mod merge;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, Response, StatusCode};
+use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use crate::State;
+use crate::body::Body;
+use crate::config::{EndpointBackend, EndpointConfig, FailureMode};
+use crate::error::GatewayError;
+use crate::frontend::{self, Head};
+use crate::protocol::{self, Envelope, Kind, SUPPORTED_VERSIONS, code, header as h, meta};
+use crate::proxy::{self, RequestCtx};
+use crate::router::Backend;
+use crate::upstream::{MessageStream, Reply};
+use merge::{ListKind, Naming, PartPage};
+
+/// Entries the name and URI indexes hold at most per endpoint; a member listing more than this
+/// still works for prefixed names, the rest fall back to re-walking the lists.
+const MAX_INDEX_ENTRIES: usize = 100_000;
+/// Pages an internal re-walk of a list follows at most (a member that keeps returning cursors
+/// must not pin a request forever).
+const MAX_WALK_PAGES: usize = 64;
+
+/// One member of an endpoint.
+pub struct Member {
+    pub backend: Arc<Backend>,
+    pub naming: Naming,
+}
+
+/// An aggregated endpoint, built once per config generation.
+pub struct Endpoint {
+    pub path: Arc<str>,
+    pub members: Vec<Member>,
+    /// The members' naming rules, in member order (what the pure `merge` functions take).
+    namings: Vec<Naming>,
+    pub separator: String,
+    pub failure_mode: FailureMode,
+    /// Window in which repeated `list_changed` notifications are folded into one.
+    pub debounce: Duration,
+    /// The slowest member's timeout: the budget of a request that involves every member.
+    pub timeout: Duration,
+    /// What a cursor is bound to: the path and the member names, so a cursor from before a
+    /// reload that changed the members (and with them the indexes) no longer opens.
+    cursor_scope: Vec<u8>,
+    index: RwLock<Index>,
+}
+
+/// What the lists taught us about who owns what.
+#[derive(Default)]
+struct Index {
+    /// Exposed tool/prompt name → member, for bare members.
+    names: HashMap<(ListKind, String), usize>,
+    /// Resource URI → member (the first member listing it).
+    uris: HashMap<String, usize>,
+    /// Resource templates, in member order.
+    templates: Vec<(String, usize)>,
+}
+
+impl Endpoint {
+    pub fn build(
+        cfg: &EndpointConfig,
+        backends: &HashMap<String, Arc<Backend>>,
+    ) -> Result<Endpoint, String> {
+        let mut members = Vec::with_capacity(cfg.backends.len());
+        let mut scope = cfg.path.as_bytes().to_vec();
+        for m in &cfg.backends {
+            let backend = backends
+                .get(m.name())
+                .ok_or_else(|| format!("no backend named {:?}", m.name()))?
+                .clone();
+            let naming = match m {
+                EndpointBackend::Name(n) => Naming {
+                    backend: n.clone(),
+                    prefix: n.clone(),
+                    allow: vec![],
+                    deny: vec![],
+                },
+                EndpointBackend::Detailed(d) => Naming {
+                    backend: d.name.clone(),
+                    prefix: d.prefix.clone().unwrap_or_else(|| d.name.clone()),
+                    allow: d.tools.allow.clone(),
+                    deny: d.tools.deny.clone(),
+                },
+            };
+            scope.push(0);
+            scope.extend_from_slice(naming.backend.as_bytes());
+            members.push(Member { backend, naming });
+        }
+        let timeout = members
+            .iter()
+            .map(|m| m.backend.timeout)
+            .max()
+            .unwrap_or(Duration::from_millis(crate::config::DEFAULT_TIMEOUT_MS));
+        Ok(Endpoint {
+            path: cfg.path.as_str().into(),
+            namings: members.iter().map(|m| m.naming.clone()).collect(),
+            members,
+            separator: cfg.separator.clone(),
+            failure_mode: cfg.failure_mode,
+            debounce: Duration::from_millis(cfg.debounce_ms),
+            timeout,
+            cursor_scope: scope,
+            index: RwLock::new(Index::default()),
+        })
+    }
+
+    fn index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn index_mut(&self) -> std::sync::RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The member owning an exposed tool/prompt name, and the upstream name. Prefixes decide
+    /// first (they are unique per endpoint); bare names come from the index.
+    fn owner(&self, kind: ListKind, exposed: &str) -> Option<(usize, String)> {
+        for (i, n) in self.namings.iter().enumerate() {
+            if let Some(name) = n.strip(&self.separator, exposed) {
+                return Some((i, name.to_string()));
+            }
+        }
+        let i = *self.index().names.get(&(kind, exposed.to_string()))?;
+        Some((i, exposed.to_string()))
+    }
+
+    fn has_bare_member(&self) -> bool {
+        self.namings.iter().any(|n| n.prefix.is_empty())
+    }
+
+    /// The member owning a resource URI: listed, else matched by a template.
+    fn uri_owner(&self, uri: &str) -> Option<usize> {
+        let idx = self.index();
+        if let Some(i) = idx.uris.get(uri) {
+            return Some(*i);
+        }
+        idx.templates
+            .iter()
+            .find(|(t, _)| t == uri || merge::template_matches(t, uri))
+            .map(|(_, i)| *i)
+    }
+
+    /// Records who owns what after a merged page. The first page of a list starts the kind's
+    /// entries afresh (a tool may have moved between bare members); a bare name that another
+    /// member already owns (seen on an earlier page) is a collision.
+    fn learn(
+        &self,
+        kind: ListKind,
+        first_page: bool,
+        owners: &[(String, usize)],
+    ) -> Result<(), GatewayError> {
+        let mut idx = self.index_mut();
+        if first_page {
+            match kind {
+                ListKind::Tools | ListKind::Prompts => idx.names.retain(|(k, _), _| *k != kind),
+                ListKind::Resources => idx.uris.clear(),
+                ListKind::Templates => idx.templates.clear(),
+            }
+        }
+        for (key, i) in owners {
+            match kind {
+                ListKind::Tools | ListKind::Prompts => {
+                    if !self.namings[*i].prefix.is_empty() {
+                        continue; // the prefix routes it
+                    }
+                    if let Some(&other) = idx.names.get(&(kind, key.clone()))
+                        && other != *i
+                    {
+                        return Err(GatewayError::NameCollision {
+                            name: key.clone(),
+                            first: self.namings[other].backend.clone(),
+                            second: self.namings[*i].backend.clone(),
+                        });
+                    }
+                    if idx.names.len() < MAX_INDEX_ENTRIES {
+                        idx.names.insert((kind, key.clone()), *i);
+                    }
+                }
+                ListKind::Resources => {
+                    if idx.uris.len() < MAX_INDEX_ENTRIES {
+                        idx.uris.entry(key.clone()).or_insert(*i);
+                    }
+                }
+                ListKind::Templates => {
+                    if idx.templates.len() < MAX_INDEX_ENTRIES {
+                        idx.templates.push((key.clone(), *i));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A modern (2026-07-28) request on an endpoint. Unlike a single backend there is no
+/// pass-through: portico acts on every message (fan-out, renaming, routing), so the body is
+/// always parsed and the mirrored headers always checked against it.
+pub async fn serve(
+    state: &State,
+    ctx: &mut RequestCtx,
+    ep: &Arc<Endpoint>,
+    headers: &HeaderMap,
+    head: Head,
+    body: Bytes,
+) -> Result<Response<Body>, GatewayError> {
+    let mh = frontend::check_modern_head(&head)?;
+    ctx.method = mh.method.clone();
+    let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
+    ctx.id = env.id.clone();
+    if ctx.method.is_none() {
+        ctx.method = Some(env.method.clone());
+    }
+    frontend::verify_modern(&head, &mh, &env)?;
+    let deadline = Instant::now() + ep.timeout;
+    let reply = answer(state, ctx, ep, headers, &env, body, deadline).await?;
+    Ok(proxy::render_as(
+        reply,
+        env.id.as_ref(),
+        &ep.path,
+        ep.timeout.as_millis() as u64,
+    )
+    .await)
+}
+
+/// The endpoint's dispatch: one `match` on the method. Returns decoded messages, like
+/// `proxy::answer` does for one backend.
+pub async fn answer(
+    state: &State,
+    ctx: &mut RequestCtx,
+    ep: &Arc<Endpoint>,
+    headers: &HeaderMap,
+    env: &Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    match env.kind {
+        // Client notifications concern no member in particular (the core protocol defines none
+        // over HTTP); accepted and dropped.
+        Kind::Notification => {
+            return Ok(Reply {
+                status: StatusCode::ACCEPTED,
+                headers: HeaderMap::new(),
+                messages: MessageStream::Empty,
+            });
+        }
+        Kind::Response => {
+            return Err(GatewayError::InvalidRequest(
+                "clients do not send responses in 2026-07-28".into(),
+            ));
+        }
+        Kind::Request => {}
+    }
+    let client: Value =
+        serde_json::from_slice(&body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+    let req = Req {
+        state,
+        ctx: ctx.clone(),
+        ep,
+        headers,
+        env,
+        client: &client,
+    };
+    if let Some(kind) = ListKind::from_method(&env.method) {
+        return list(&req, kind).await;
+    }
+    match env.method.as_str() {
+        "server/discover" => discover(&req).await,
+        "tools/call" => call(&req, ListKind::Tools, ctx, deadline).await,
+        "prompts/get" => call(&req, ListKind::Prompts, ctx, deadline).await,
+        "resources/read" => read(&req, ctx, deadline).await,
+        "completion/complete" => complete(&req, ctx, deadline).await,
+        "subscriptions/listen" => listen::listen(&req).await,
+        other => Err(GatewayError::MethodNotFound(other.to_string())),
+    }
+}
+
+/// One client request on an endpoint, as the helpers below need it.
+struct Req<'a> {
+    state: &'a State,
+    /// A copy of the request's context for the parts (which run concurrently); routed calls
+    /// use the request's own.
+    ctx: RequestCtx,
+    ep: &'a Arc<Endpoint>,
+    headers: &'a HeaderMap,
+    env: &'a Envelope,
+    /// The client's body, parsed.
+    client: &'a Value,
+}
+
+impl Req<'_> {
+    fn id(&self) -> Value {
+        self.env.id.as_ref().map_or(Value::Null, |i| i.to_value())
+    }
+
+    /// The client's `_meta` for a part request: protocol version, capabilities, clientInfo,
+    /// trace context — everything but the progress token, which belongs to the client's own
+    /// request (lists do not report progress).
+    fn part_meta(&self) -> Value {
+        let mut m = self.client["params"]["_meta"].clone();
+        if let Some(o) = m.as_object_mut() {
+            o.remove("progressToken");
+        }
+        m
+    }
+
+    /// A 2026-07-28 request for one member.
+    fn part_body(&self, method: &str, mut params: Map<String, Value>) -> Bytes {
+        params.insert("_meta".into(), self.part_meta());
+        Bytes::from(
+            json!({"jsonrpc":"2.0","id":self.id(),"method":method,"params":params}).to_string(),
+        )
+    }
+}
+
+/// The client's headers minus the mirrors of the client's message: `proxy::answer` sets the
+/// mirrors of the part's own message (e.g. the stripped `Mcp-Name`).
+fn part_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut out = headers.clone();
+    out.remove(h::NAME);
+    out.remove(h::METHOD);
+    out
+}
+
+/// What one member answered.
+enum Part {
+    /// `result` of a response.
+    Result(Map<String, Value>),
+    /// `error` of a response.
+    Error(Value),
+}
+
+/// Sends one request to one member through `proxy::answer` and reads its response, all
+/// within the member's own timeout.
+async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Result<Part, GatewayError> {
+    let b = &req.ep.members[member].backend;
+    let deadline = Instant::now() + b.timeout;
+    let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
+    let headers = part_headers(req.headers);
+    // Each part gets its own copy of the context: parts run concurrently.
+    let mut ctx = req.ctx.clone();
+    let work = async {
+        let reply = proxy::answer(req.state, &mut ctx, b, &headers, &env, body, deadline).await?;
+        first_response(reply, b).await
+    };
+    let msg = tokio::time::timeout_at(deadline, work)
+        .await
+        .map_err(|_| GatewayError::BackendTimeout {
+            backend: b.name.to_string(),
+            timeout_ms: b.cfg.timeout_ms,
+        })??;
+    if let Some(Value::Object(r)) = msg.get("result") {
+        return Ok(Part::Result(r.clone()));
+    }
+    if let Some(e) = msg.get("error") {
+        return Ok(Part::Error(e.clone()));
+    }
+    Err(GatewayError::BackendFailed {
+        backend: b.name.to_string(),
+        detail: "the answer holds neither a result nor an error".into(),
+    })
+}
+
+/// The JSON-RPC response of a reply (notifications before it are dropped: a part's progress has
+/// nowhere to go).
+async fn first_response(reply: Reply, b: &Backend) -> Result<Value, GatewayError> {
+    let mut messages = match reply.messages {
+        MessageStream::One(m) => futures_util::stream::iter(vec![Ok(m)]).boxed(),
+        MessageStream::Many(s) => s,
+        MessageStream::Empty => futures_util::stream::empty().boxed(),
+    };
+    while let Some(m) = messages.next().await {
+        let m = m.map_err(|e| GatewayError::from_upstream(&b.name, b.cfg.timeout_ms, &e))?;
+        if let Ok(v) = serde_json::from_slice::<Value>(&m)
+            && (v.get("result").is_some() || v.get("error").is_some())
+        {
+            return Ok(v);
+        }
+    }
+    Err(GatewayError::BackendFailed {
+        backend: b.name.to_string(),
+        detail: "the answer stream ended without a response".into(),
+    })
+}
+
+/// Fans one request out to `targets` in parallel and applies the failure mode. Returns the
+/// results in target order and whether any member was left out.
+async fn fan_out(
+    req: &Req<'_>,
+    method: &str,
+    targets: Vec<(usize, Map<String, Value>)>,
+) -> Result<(Vec<(usize, Map<String, Value>)>, bool), GatewayError> {
+    let ep = req.ep;
+    let calls = targets.into_iter().map(|(i, params)| {
+        let body = req.part_body(method, params);
+        async move { (i, part(req, i, body).await) }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let mut out = Vec::with_capacity(answers.len());
+    let mut degraded = false;
+    for (i, a) in answers {
+        let backend = &ep.namings[i].backend;
+        let failure = match a {
+            Ok(Part::Result(r)) => {
+                out.push((i, r));
+                continue;
+            }
+            // The member has no such list (e.g. no prompts capability): nothing to merge.
+            Ok(Part::Error(e)) if e["code"].as_i64() == Some(code::METHOD_NOT_FOUND) => continue,
+            Ok(Part::Error(e)) => GatewayError::BackendFailed {
+                backend: backend.clone(),
+                detail: format!(
+                    "{method} answered error {}: {}",
+                    e["code"],
+                    e["message"].as_str().unwrap_or("")
+                ),
+            },
+            Err(e) => e,
+        };
+        match ep.failure_mode {
+            FailureMode::Closed => return Err(failure),
+            FailureMode::Open => {
+                tracing::warn!(endpoint = %ep.path, backend = %backend, method, error = %failure,
+                    "member left out of the aggregated answer");
+                req.state.metrics.aggregate_omitted(&ep.path, backend);
+                degraded = true;
+            }
+        }
+    }
+    Ok((out, degraded))
+}
+
+/// `server/discover` for the endpoint.
+async fn discover(req: &Req<'_>) -> Result<Reply, GatewayError> {
+    let targets = (0..req.ep.members.len()).map(|i| (i, Map::new())).collect();
+    let (parts, degraded) = fan_out(req, "server/discover", targets).await?;
+    let mut r = merge::merge_discover(&req.ep.namings, &parts);
+    // Resource subscriptions are not routed through an endpoint's listen stream.
+    if let Some(res) = r
+        .get_mut("capabilities")
+        .and_then(|c| c.get_mut("resources"))
+        .and_then(Value::as_object_mut)
+    {
+        res.remove("subscribe");
+    }
+    if degraded {
+        r.insert("ttlMs".into(), json!(0));
+    }
+    r.insert("resultType".into(), json!("complete"));
+    r.insert("supportedVersions".into(), json!(SUPPORTED_VERSIONS));
+    r.insert("_meta".into(), server_meta());
+    Ok(result(req, r))
+}
+
+fn server_meta() -> Value {
+    json!({ meta::SERVER_INFO: {"name": "portico", "version": env!("CARGO_PKG_VERSION")} })
+}
+
+fn result(req: &Req<'_>, result: Map<String, Value>) -> Reply {
+    Reply::one(
+        StatusCode::OK,
+        json!({"jsonrpc":"2.0","id":req.id(),"result":result}).to_string(),
+    )
+}
+
+/// One merged list page: the first (no cursor) or the one a cursor points at.
+async fn list(req: &Req<'_>, kind: ListKind) -> Result<Reply, GatewayError> {
+    let ep = req.ep;
+    let targets = match &req.env.cursor {
+        None => None,
+        Some(raw) => {
+            let invalid = || GatewayError::InvalidParams("invalid cursor".into());
+            let text: String = serde_json::from_str(raw).map_err(|_| invalid())?;
+            let key = &req.state.sessions.cursor_key;
+            let pending = cursor::open(key, &ep.cursor_scope, kind.method(), &text)
+                .filter(|p| p.parts.iter().all(|(i, _)| *i < ep.members.len()))
+                .ok_or_else(invalid)?;
+            Some(pending.parts)
+        }
+    };
+    let (merged, degraded) = page(req, kind, targets).await?;
+    let mut r = Map::new();
+    r.insert("resultType".into(), json!("complete"));
+    r.insert(kind.field().into(), Value::Array(merged.items));
+    // A page missing a member should not be held on to: the member may be back in a moment.
+    r.insert(
+        "ttlMs".into(),
+        json!(if degraded { 0 } else { merged.ttl_ms }),
+    );
+    r.insert(
+        "cacheScope".into(),
+        json!(if merged.private { "private" } else { "public" }),
+    );
+    if !merged.next.is_empty() {
+        let pending = cursor::Pending {
+            method: kind.method().into(),
+            parts: merged.next,
+        };
+        r.insert(
+            "nextCursor".into(),
+            json!(cursor::seal(
+                &req.state.sessions.cursor_key,
+                &ep.cursor_scope,
+                &pending
+            )),
+        );
+    }
+    r.insert("_meta".into(), server_meta());
+    Ok(result(req, r))
+}
+
+/// Fetches and merges one page. `targets`: `None` = every member's first page, else the
+/// members and upstream cursors a cursor named.
+async fn page(
+    req: &Req<'_>,
+    kind: ListKind,
+    targets: Option<Vec<(usize, String)>>,
+) -> Result<(merge::Merged, bool), GatewayError> {
+    let ep = req.ep;
+    let first = targets.is_none();
+    let targets: Vec<(usize, Map<String, Value>)> = match targets {
+        None => (0..ep.members.len()).map(|i| (i, Map::new())).collect(),
+        Some(t) => t
+            .into_iter()
+            .map(|(i, c)| {
+                let mut p = Map::new();
+                p.insert("cursor".into(), json!(c));
+                (i, p)
+            })
+            .collect(),
+    };
+    let (parts, degraded) = fan_out(req, kind.method(), targets).await?;
+    let parts = parts
+        .into_iter()
+        .map(|(member, result)| PartPage { member, result })
+        .collect();
+    let merged = merge::merge_list(kind, &ep.namings, &ep.separator, parts).map_err(|c| {
+        GatewayError::NameCollision {
+            name: c.name,
+            first: c.first,
+            second: c.second,
+        }
+    })?;
+    if merged.shadowed > 0 {
+        tracing::debug!(endpoint = %ep.path, shadowed = merged.shadowed,
+            "URIs listed by more than one member are routed to the first");
+    }
+    ep.learn(kind, first, &merged.owners)?;
+    Ok((merged, degraded))
+}
+
+/// Walks a whole list (every page) to refresh the index; used when a call names something the
+/// index does not know yet.
+async fn walk(req: &Req<'_>, kind: ListKind) -> Result<(), GatewayError> {
+    let mut targets = None;
+    for _ in 0..MAX_WALK_PAGES {
+        let (merged, _) = page(req, kind, targets).await?;
+        if merged.next.is_empty() {
+            return Ok(());
+        }
+        targets = Some(merged.next);
+    }
+    Ok(())
+}
+
+/// `tools/call` / `prompts/get`: to the member owning the name, with the prefix stripped.
+async fn call(
+    req: &Req<'_>,
+    kind: ListKind,
+    ctx: &mut RequestCtx,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    let ep = req.ep;
+    let what = if kind == ListKind::Tools {
+        "tool"
+    } else {
+        "prompt"
+    };
+    let unknown = |name: &str| GatewayError::InvalidParams(format!("Unknown {what}: {name}"));
+    let name = req.env.name.as_deref().ok_or_else(|| {
+        GatewayError::InvalidParams(format!("params.name is required for {}", req.env.method))
+    })?;
+    let mut owner = ep.owner(kind, name);
+    if owner.is_none() && ep.has_bare_member() {
+        walk(req, kind).await?;
+        owner = ep.owner(kind, name);
+    }
+    let Some((i, upstream)) = owner else {
+        return Err(unknown(name));
+    };
+    let m = &ep.members[i];
+    if kind == ListKind::Tools && !m.naming.tool_allowed(&upstream) {
+        return Err(unknown(name));
+    }
+    let mut body = req.client.clone();
+    body["params"]["name"] = json!(upstream);
+    let body = Bytes::from(body.to_string());
+    forward(req, ctx, i, body, deadline).await
+}
+
+/// Sends a (rewritten) client request to one member and returns its answer untouched.
+async fn forward(
+    req: &Req<'_>,
+    ctx: &mut RequestCtx,
+    member: usize,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    let b = &req.ep.members[member].backend;
+    let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
+    let headers = part_headers(req.headers);
+    let deadline = deadline.min(Instant::now() + b.timeout);
+    proxy::answer(req.state, ctx, b, &headers, &env, body, deadline).await
+}
+
+/// Finds the member serving a resource URI (see the module doc for the fallback order).
+async fn resource_owner(req: &Req<'_>, uri: &str) -> Result<Option<usize>, GatewayError> {
+    if req.ep.members.len() == 1 {
+        return Ok(Some(0));
+    }
+    if let Some(i) = req.ep.uri_owner(uri) {
+        return Ok(Some(i));
+    }
+    walk(req, ListKind::Resources).await?;
+    walk(req, ListKind::Templates).await?;
+    Ok(req.ep.uri_owner(uri))
+}
+
+/// `resources/read`, routed by URI.
+async fn read(
+    req: &Req<'_>,
+    ctx: &mut RequestCtx,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    let uri = req
+        .env
+        .name
+        .clone()
+        .ok_or_else(|| GatewayError::InvalidParams("params.uri is required".into()))?;
+    let Some(i) = resource_owner(req, &uri).await? else {
+        return Err(GatewayError::ResourceNotFound { uri });
+    };
+    let body = Bytes::from(req.client.to_string());
+    forward(req, ctx, i, body, deadline).await
+}
+
+/// `completion/complete`: routed by what it completes — a prompt by name (prefix stripped), a
+/// resource template by URI.
+async fn complete(
+    req: &Req<'_>,
+    ctx: &mut RequestCtx,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    let r = &req.client["params"]["ref"];
+    let mut body = req.client.clone();
+    let member = match r["type"].as_str() {
+        Some("ref/prompt") => {
+            let name = r["name"].as_str().unwrap_or("");
+            let mut owner = req.ep.owner(ListKind::Prompts, name);
+            if owner.is_none() && req.ep.has_bare_member() {
+                walk(req, ListKind::Prompts).await?;
+                owner = req.ep.owner(ListKind::Prompts, name);
+            }
+            let (i, upstream) = owner
+                .ok_or_else(|| GatewayError::InvalidParams(format!("Unknown prompt: {name}")))?;
+            body["params"]["ref"]["name"] = json!(upstream);
+            i
+        }
+        Some("ref/resource") => {
+            let uri = r["uri"].as_str().unwrap_or("").to_string();
+            resource_owner(req, &uri)
+                .await?
+                .ok_or(GatewayError::ResourceNotFound { uri })?
+        }
+        _ => {
+            return Err(GatewayError::InvalidParams(
+                "params.ref must be a ref/prompt or a ref/resource".into(),
+            ));
+        }
+    };
+    forward(req, ctx, member, Bytes::from(body.to_string()), deadline).await
+}
