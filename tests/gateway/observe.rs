@@ -208,7 +208,8 @@ async fn counters_follow_real_traffic() {
         let r = mcp(&gw.url("/mcp/dead"), json!(1), "tools/list", json!({})).await;
         assert_eq!(r.status, 502);
     }
-    assert_eq!(mock.count("tools/list"), 5);
+    // The mock's list is cacheable (ttlMs 60 s): one miss, then four hits.
+    assert_eq!(mock.count("tools/list"), 1);
     assert_eq!(legacy.count("tools/list"), 1);
 
     let s = scrape_until(&gw, "health checks of every backend", |s| {
@@ -257,7 +258,8 @@ async fn counters_follow_real_traffic() {
         ),
         6.0
     );
-    for (backend, n) in [("m", 5.0), ("demo", 3.0), ("s", 1.0), ("old", 1.0)] {
+    // Cache hits never wait on a backend: `m` went upstream once for its five lists.
+    for (backend, n) in [("m", 1.0), ("demo", 3.0), ("s", 1.0), ("old", 1.0)] {
         assert_eq!(
             value(
                 &s,
@@ -277,6 +279,15 @@ async fn counters_follow_real_traffic() {
         );
     }
     assert_eq!(value(&s, "portico_in_flight_requests", &[]), 0.0);
+    // The cache counters moved as the traffic implies: m's list 1 miss + 4 hits; old's list
+    // is a miss too (the bridge's default ttlMs 0 means it is not stored).
+    assert_eq!(
+        value(&s, "portico_cache_requests_total", &[("outcome", "hit")]),
+        4.0
+    );
+    assert!(value(&s, "portico_cache_requests_total", &[("outcome", "miss")]) >= 2.0);
+    assert!(value(&s, "portico_cache_inserts_total", &[]) >= 1.0);
+    assert!(value(&s, "portico_cache_entries", &[]) >= 1.0);
     // State mirrors.
     assert_eq!(value(&s, "portico_backend_up", &[("backend", "dead")]), 0.0);
     assert_eq!(
