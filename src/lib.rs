@@ -14,12 +14,16 @@
 //! - [`router`]: path → backend, per-backend state.
 //! - [`upstream`]: how backends are reached (HTTP pool, stdio child, built-in).
 //! - [`demo`]: the built-in demo backend.
+//! - [`auth`]: who is calling (API keys, JWT), team policy, rate limits, resource metadata.
+//! - [`resilience`]: circuit breaker, retry budget, concurrency limit, health probe.
+//! - [`reload`]: hot reload on SIGHUP and config-file change.
 //! - [`error`]: `GatewayError`, the only builder of error responses.
 //! - [`metrics`]: Prometheus registry; the only place metric names live.
 //! - [`body`], [`sse`]: response body type; SSE decoding.
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod body;
 pub mod bridge;
 pub mod cache;
@@ -31,6 +35,8 @@ pub mod legacy;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;
+pub mod reload;
+pub mod resilience;
 pub mod router;
 pub mod server;
 pub mod session;
@@ -55,6 +61,8 @@ pub struct State {
     pub sessions: session::Sessions,
     /// Outlives config generations, so counters survive reloads.
     pub metrics: Arc<Metrics>,
+    /// Authentication, team policy and rate limits.
+    pub auth: auth::Auth,
 }
 
 /// Why the gateway could not start.
@@ -64,17 +72,29 @@ pub enum StartError {
     Build(#[from] router::BuildError),
     #[error("{0}")]
     Tls(String),
+    #[error("{0}")]
+    Auth(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 impl State {
     pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<State, StartError> {
         let routes = RouteTable::build(&config)?;
         let sessions = session::Sessions::new(&config.sessions);
+        let auth = auth::Auth::build(&config.auth).map_err(StartError::Auth)?;
+        // Background tasks hold weak references: they end with this generation.
+        auth.spawn_refresh();
+        for b in routes.backends.values() {
+            b.resilience.attach(metrics.backend(&b.name));
+            resilience::spawn_probe(b);
+        }
         Ok(State {
             config,
             routes,
             sessions,
             metrics,
+            auth,
         })
     }
 
@@ -112,11 +132,35 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
+    run_inner(config, None, listener, shutdown).await
+}
+
+/// Like [`run`], loading the config from `path` and reloading it on SIGHUP or when the file
+/// changes (see [`reload`]).
+pub async fn run_with_reload(
+    path: &std::path::Path,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let config = config::load(path).map_err(|e| StartError::Config(e.to_string()))?;
+    run_inner(config, Some(path.to_path_buf()), listener, shutdown).await
+}
+
+async fn run_inner(
+    config: Config,
+    path: Option<std::path::PathBuf>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
     let metrics = Arc::new(Metrics::new());
     let tls = server::tls_acceptor(&config.server).map_err(StartError::Tls)?;
     let state = State::build(config, metrics)?;
     let shared = Arc::new(ArcSwap::from_pointee(state));
+    let watcher = path.map(|p| tokio::spawn(reload::watch(p, shared.clone())));
     server::serve(shared.clone(), listener, tls, shutdown).await;
+    if let Some(w) = watcher {
+        w.abort();
+    }
     shared.load().shutdown().await;
     Ok(())
 }

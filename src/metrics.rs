@@ -20,6 +20,10 @@ pub struct Metrics {
     requests: IntCounterVec,
     duration: HistogramVec,
     pub in_flight: IntGauge,
+    breaker_state: IntGaugeVec,
+    retries: IntCounterVec,
+    backend_up: IntGaugeVec,
+    reloads: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -56,11 +60,44 @@ impl Metrics {
         )
         .expect("static metric definition");
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "portico_backend_circuit_state",
+                "Circuit breaker per backend: 0 closed, 1 open, 2 half-open.",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "portico_backend_retries_total",
+                "Retries of idempotent requests after a connect failure.",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let backend_up = IntGaugeVec::new(
+            Opts::new(
+                "portico_backend_up",
+                "Result of the last active health probe: 1 up, 0 down.",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let reloads = IntCounterVec::new(
+            Opts::new("portico_config_reloads_total", "Config reloads, by result."),
+            &["result"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(duration.clone()),
             Box::new(in_flight.clone()),
             Box::new(build),
+            Box::new(breaker_state.clone()),
+            Box::new(retries.clone()),
+            Box::new(backend_up.clone()),
+            Box::new(reloads.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -69,7 +106,27 @@ impl Metrics {
             requests,
             duration,
             in_flight,
+            breaker_state,
+            retries,
+            backend_up,
+            reloads,
         }
+    }
+
+    /// The per-backend resilience metrics (label values are config backend names).
+    pub fn backend(&self, name: &str) -> crate::resilience::BackendMetrics {
+        crate::resilience::BackendMetrics {
+            breaker_state: self.breaker_state.with_label_values(&[name]),
+            retries: self.retries.with_label_values(&[name]),
+            up: self.backend_up.with_label_values(&[name]),
+        }
+    }
+
+    /// Counts a reload attempt (`ok` or `invalid`).
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "invalid" }])
+            .inc();
     }
 
     /// The single exit of the request pipeline reports here.

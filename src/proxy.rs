@@ -18,6 +18,8 @@ use std::time::Instant as StdInstant;
 use tokio::time::Instant;
 
 use crate::State;
+use crate::auth::{self, Auth, Principal};
+use crate::resilience;
 use crate::body::{Body, sse_event};
 use crate::bridge;
 use crate::error::GatewayError;
@@ -25,7 +27,9 @@ use crate::frontend::{self, Era, Head, ModernHead};
 use crate::legacy;
 use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, first_byte, header as h};
 use crate::router::{Backend, Route, Verdict};
-use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, http::is_event_stream};
+use crate::upstream::{
+    MessageStream, Outgoing, Reply, Upstream, UpstreamError, http::is_event_stream,
+};
 
 /// Everything known about one request, filled in as it moves through the phases and read once
 /// at the exit by metrics and the access log.
@@ -45,6 +49,8 @@ pub struct RequestCtx {
     /// Failure reason label, if any.
     pub error: Option<&'static str>,
     pub status: u16,
+    /// Who is calling, once authenticated (`None` in auth mode `none`).
+    pub principal: Option<Arc<Principal>>,
 }
 
 impl RequestCtx {
@@ -59,6 +65,7 @@ impl RequestCtx {
             passthrough: false,
             error: None,
             status: 0,
+            principal: None,
         }
     }
 
@@ -93,8 +100,11 @@ async fn handle_inner(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, GatewayError> {
     let (parts, body) = req.into_parts();
-    // 1. route
     let path = parts.uri.path();
+    if path.starts_with(auth::METADATA_PATH) {
+        return protected_resource_metadata(state, &parts);
+    }
+    // 1. route
     let route = state
         .routes
         .routes
@@ -104,6 +114,12 @@ async fn handle_inner(
         })?;
     let Route::Backend(backend) = route;
     ctx.route = Some(backend.name.clone());
+    // 1b. who is calling, and may they (before the body is read)
+    ctx.principal = state.auth.authenticate(&parts.headers, path)?;
+    Auth::check_team(ctx.principal.as_deref(), &backend.cfg.allow_teams, path)?;
+    state.auth.rate_limit(ctx.principal.as_deref())?;
+    // Held until the response head is out: a slot of `max_concurrent`, and the breaker's leave.
+    let _admission = backend.resilience.admit(&backend.name)?;
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
@@ -141,7 +157,7 @@ async fn modern(
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Modern
         && let Upstream::Http(up) = &backend.upstream
-        && can_pass_through(state, backend, &mh)
+        && can_pass_through(state, ctx, backend, &mh)
     {
         // Cheap checks that need no parse: one object per POST.
         match first_byte(&body) {
@@ -150,11 +166,27 @@ async fn modern(
             _ => return Err(GatewayError::Parse("body is not a JSON object".into())),
         }
         ctx.passthrough = true;
-        let req = up.request(headers, &[], body.clone());
-        let ex = up
-            .exchange(req, deadline)
-            .await
-            .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
+        let team = team_headers(ctx, backend);
+        let mut attempt = 0;
+        let ex = loop {
+            let req = up.request(headers, team, body.clone());
+            match up.exchange(req, deadline).await {
+                Ok(ex) => break ex,
+                Err(e @ UpstreamError::Connect(_))
+                    if mh.method.as_deref().is_some_and(resilience::idempotent)
+                        && backend.resilience.take_retry(attempt) =>
+                {
+                    tracing::debug!(backend = %backend.name, error = %e, "retrying");
+                    attempt += 1;
+                }
+                Err(e) => {
+                    let e = GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e);
+                    backend.resilience.record(!resilience::is_backend_failure(&e));
+                    return Err(e);
+                }
+            }
+        };
+        backend.resilience.record(true);
         let status = ex.response.status();
         let (parts, relay) = up.relay(ex, deadline, body.clone());
         if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
@@ -195,18 +227,76 @@ async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
 }
 
 /// Pass-through is allowed when nothing portico does depends on the body: a backend known to
-/// speak 2026-07-28 validates the headers itself.
-fn can_pass_through(_state: &State, backend: &Backend, mh: &ModernHead) -> bool {
+/// speak 2026-07-28 validates the headers itself. A caller under a tool policy is never passed
+/// through: the policy is checked against the parsed body, never the headers alone.
+fn can_pass_through(state: &State, ctx: &RequestCtx, backend: &Backend, mh: &ModernHead) -> bool {
     !mh.unknown_version
         && mh.method.is_some()
         && backend.cfg.verify_body == crate::config::VerifyBody::Auto
+        && state.auth.policy(ctx.principal.as_deref()).is_none()
+}
+
+/// The upstream credentials of the caller's team, if the backend configures any.
+fn team_headers<'a>(ctx: &RequestCtx, backend: &'a Backend) -> &'a [(HeaderName, HeaderValue)] {
+    ctx.principal
+        .as_deref()
+        .and_then(|p| p.team.as_deref())
+        .and_then(|t| backend.team_headers.get(t))
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// `GET /.well-known/oauth-protected-resource[/<path>]` (RFC 9728), served without auth.
+fn protected_resource_metadata(
+    state: &State,
+    parts: &http::request::Parts,
+) -> Result<Response<Body>, GatewayError> {
+    let path = parts.uri.path();
+    if parts.method != Method::GET {
+        return Err(GatewayError::MethodNotAllowed);
+    }
+    state
+        .auth
+        .metadata(&parts.headers, path, |p| state.routes.routes.contains_key(p))
+        .map(|doc| json_response(StatusCode::OK, doc))
+        .ok_or_else(|| GatewayError::NoRoute {
+            path: path.to_string(),
+        })
 }
 
 /// Step 5, dispatch: the one `match` on the method, for every request portico reads (modern
 /// clients, and legacy clients after translation). Returns decoded messages for `render`.
 pub async fn answer(
-    _state: &State,
-    _ctx: &mut RequestCtx,
+    state: &State,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    headers: &http::HeaderMap,
+    env: &Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    // Team tool policy, on the parsed body.
+    let policy = state.auth.policy(ctx.principal.as_deref());
+    if let Some(f) = policy
+        && env.method == "tools/call"
+        && !auth::tool_allowed(f, env.name.as_deref().unwrap_or(""))
+    {
+        return Err(GatewayError::Forbidden(format!(
+            "tool {:?} is not allowed for your team",
+            env.name.as_deref().unwrap_or("")
+        )));
+    }
+    let reply = dispatch(ctx, backend, headers, env, body, deadline).await;
+    backend.resilience.record_result(&reply);
+    match policy {
+        Some(f) if env.method == "tools/list" => Ok(auth::filter_tools_reply(reply?, f)),
+        _ => reply,
+    }
+}
+
+/// The dispatch proper, inside `answer`'s policy and breaker bookkeeping.
+async fn dispatch(
+    ctx: &RequestCtx,
     backend: &Arc<Backend>,
     headers: &http::HeaderMap,
     env: &Envelope,
@@ -228,29 +318,46 @@ pub async fn answer(
             .await
         }
         // Modern backends, on the message path.
-        _ => forward(backend, headers, env, body, deadline).await,
+        _ => forward(ctx, backend, headers, env, body, deadline).await,
     }
 }
 
-/// Sends a modern message to a modern backend on the message path.
+/// Sends a modern message to a modern backend on the message path. Idempotent methods are
+/// retried when the connection could not be made, within the backend's retry budget.
 async fn forward(
+    ctx: &RequestCtx,
     backend: &Backend,
     headers: &http::HeaderMap,
     env: &Envelope,
     body: Bytes,
     deadline: Instant,
 ) -> Result<Reply, GatewayError> {
-    let extra = mirror_headers(env);
-    backend
-        .upstream
-        .call(Outgoing {
-            body,
-            client_headers: headers,
-            extra,
-            deadline,
-        })
-        .await
-        .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))
+    let mut extra = mirror_headers(env);
+    extra.extend_from_slice(team_headers(ctx, backend));
+    let mut attempt = 0;
+    loop {
+        let result = backend
+            .upstream
+            .call(Outgoing {
+                body: body.clone(),
+                client_headers: headers,
+                extra: extra.clone(),
+                deadline,
+            })
+            .await;
+        match result {
+            Err(UpstreamError::Connect(_))
+                if resilience::idempotent(&env.method) && backend.resilience.take_retry(attempt) =>
+            {
+                attempt += 1;
+            }
+            r => {
+                return r.map_err(|e| {
+                    GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e)
+                });
+            }
+        }
+    }
 }
 
 /// The 2026-07-28 headers that mirror a message's body.
