@@ -56,7 +56,10 @@ pub struct Principal {
 /// A verification key from a JWKS.
 enum VerifyKey {
     Hmac(hmac::Key),
-    Rsa { n: Vec<u8>, e: Vec<u8> },
+    Rsa {
+        n: Vec<u8>,
+        e: Vec<u8>,
+    },
     /// Uncompressed P-256 point (`0x04 || x || y`).
     Ec(Vec<u8>),
 }
@@ -357,7 +360,8 @@ impl Auth {
             last: now,
         });
         let burst = f64::from(rate.burst);
-        b.tokens = (b.tokens + now.duration_since(b.last).as_secs_f64() * rate.per_second).min(burst);
+        b.tokens =
+            (b.tokens + now.duration_since(b.last).as_secs_f64() * rate.per_second).min(burst);
         b.last = now;
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
@@ -550,10 +554,8 @@ pub fn parse_jwks(text: &[u8]) -> Result<Vec<Jwk>, String> {
 /// Fetches a JWKS over plain HTTP with hyper's client.
 async fn fetch_jwks(url: &str) -> Result<Vec<Jwk>, String> {
     use http_body_util::{BodyExt, Empty, Limited};
-    let client = hyper_util::client::legacy::Client::builder(
-        hyper_util::rt::TokioExecutor::new(),
-    )
-    .build_http::<Empty<Bytes>>();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<Bytes>>();
     let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
     let resp = tokio::time::timeout(JWKS_FETCH_TIMEOUT, client.get(uri))
         .await

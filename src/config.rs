@@ -757,11 +757,17 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
             ));
         }
         AuthMode::ApiKeys if a.api_keys.is_empty() => {
-            return Err(invalid("auth.api_keys", "mode \"api_keys\" needs at least one key"));
+            return Err(invalid(
+                "auth.api_keys",
+                "mode \"api_keys\" needs at least one key",
+            ));
         }
         AuthMode::Jwt => {
             let Some(j) = &a.jwt else {
-                return Err(invalid("auth.jwt", "mode \"jwt\" needs an [auth.jwt] table"));
+                return Err(invalid(
+                    "auth.jwt",
+                    "mode \"jwt\" needs an [auth.jwt] table",
+                ));
             };
             if j.jwks_file.is_none() == j.jwks_url.is_none() {
                 return Err(invalid(
@@ -782,7 +788,10 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
             .parse()
             .map_err(|e| invalid("auth.public_url", format!("{u:?}: {e}")))?;
         if uri.host().is_none() || uri.scheme().is_none() {
-            return Err(invalid("auth.public_url", format!("{u:?}: want scheme://host")));
+            return Err(invalid(
+                "auth.public_url",
+                format!("{u:?}: want scheme://host"),
+            ));
         }
         a.public_url = Some(u.trim_end_matches('/').to_string());
     }
@@ -790,19 +799,34 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
     for (i, k) in a.api_keys.iter_mut().enumerate() {
         let key = |f: &str| format!("auth.api_keys[{i}].{f}");
         k.key = match (&k.key_env, &k.key_file) {
-            (Some(var), None) => std::env::var(var)
-                .map_err(|_| invalid(key("key_env"), format!("environment variable {var} is not set")))?,
+            (Some(var), None) => std::env::var(var).map_err(|_| {
+                invalid(
+                    key("key_env"),
+                    format!("environment variable {var} is not set"),
+                )
+            })?,
             (None, Some(path)) => std::fs::read_to_string(path)
                 .map_err(|e| invalid(key("key_file"), format!("{}: {e}", path.display())))?
                 .trim()
                 .to_string(),
-            _ => return Err(invalid(format!("auth.api_keys[{i}]"), "give exactly one of key_env or key_file")),
+            _ => {
+                return Err(invalid(
+                    format!("auth.api_keys[{i}]"),
+                    "give exactly one of key_env or key_file",
+                ));
+            }
         };
         if k.key.len() < 16 {
-            return Err(invalid(key("key_env"), "the key must be at least 16 characters"));
+            return Err(invalid(
+                key("key_env"),
+                "the key must be at least 16 characters",
+            ));
         }
         if !keys.insert(k.key.clone()) {
-            return Err(invalid(format!("auth.api_keys[{i}]"), "the same key is configured twice"));
+            return Err(invalid(
+                format!("auth.api_keys[{i}]"),
+                "the same key is configured twice",
+            ));
         }
         if k.principal.is_empty() {
             return Err(invalid(key("principal"), "must not be empty"));
@@ -811,7 +835,10 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
     let mut teams = HashSet::new();
     for (i, t) in a.teams.iter().enumerate() {
         if !teams.insert(t.name.as_str()) {
-            return Err(invalid(format!("auth.teams[{i}].name"), format!("duplicate team {:?}", t.name)));
+            return Err(invalid(
+                format!("auth.teams[{i}].name"),
+                format!("duplicate team {:?}", t.name),
+            ));
         }
     }
     for (k, r) in a
@@ -819,7 +846,9 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
         .iter()
         .map(|r| ("auth.rate_limit".to_string(), r))
         .chain(a.teams.iter().enumerate().filter_map(|(i, t)| {
-            t.rate_limit.as_ref().map(|r| (format!("auth.teams[{i}].rate_limit"), r))
+            t.rate_limit
+                .as_ref()
+                .map(|r| (format!("auth.teams[{i}].rate_limit"), r))
         }))
     {
         if !(r.per_second > 0.0 && r.per_second.is_finite()) || r.burst == 0 {

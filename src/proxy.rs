@@ -19,13 +19,13 @@ use tokio::time::Instant;
 
 use crate::State;
 use crate::auth::{self, Auth, Principal};
-use crate::resilience;
 use crate::body::{Body, sse_event};
 use crate::bridge;
 use crate::error::GatewayError;
 use crate::frontend::{self, Era, Head, ModernHead};
 use crate::legacy;
 use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, first_byte, header as h};
+use crate::resilience;
 use crate::router::{Backend, Route, Verdict};
 use crate::upstream::{
     MessageStream, Outgoing, Reply, Upstream, UpstreamError, http::is_event_stream,
@@ -181,7 +181,9 @@ async fn modern(
                 }
                 Err(e) => {
                     let e = GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e);
-                    backend.resilience.record(!resilience::is_backend_failure(&e));
+                    backend
+                        .resilience
+                        .record(!resilience::is_backend_failure(&e));
                     return Err(e);
                 }
             }
@@ -257,7 +259,9 @@ fn protected_resource_metadata(
     }
     state
         .auth
-        .metadata(&parts.headers, path, |p| state.routes.routes.contains_key(p))
+        .metadata(&parts.headers, path, |p| {
+            state.routes.routes.contains_key(p)
+        })
         .map(|doc| json_response(StatusCode::OK, doc))
         .ok_or_else(|| GatewayError::NoRoute {
             path: path.to_string(),
@@ -347,7 +351,8 @@ async fn forward(
             .await;
         match result {
             Err(UpstreamError::Connect(_))
-                if resilience::idempotent(&env.method) && backend.resilience.take_retry(attempt) =>
+                if resilience::idempotent(&env.method)
+                    && backend.resilience.take_retry(attempt) =>
             {
                 attempt += 1;
             }

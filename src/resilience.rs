@@ -115,11 +115,15 @@ impl Resilience {
     pub fn admit(&self, backend: &str) -> Result<Admission, GatewayError> {
         let permit = match &self.limiter {
             None => None,
-            Some(s) => Some(s.clone().try_acquire_owned().map_err(|_| {
-                GatewayError::Overloaded {
-                    backend: backend.to_string(),
-                }
-            })?),
+            Some(s) => {
+                Some(
+                    s.clone()
+                        .try_acquire_owned()
+                        .map_err(|_| GatewayError::Overloaded {
+                            backend: backend.to_string(),
+                        })?,
+                )
+            }
         };
         if self.threshold > 0 && self.open.load(Ordering::Acquire) {
             let now = Instant::now();

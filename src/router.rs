@@ -104,7 +104,8 @@ impl RouteTable {
             for (team, headers) in &cfg.team_headers {
                 let mut parsed = Vec::with_capacity(headers.len());
                 for (k, v) in headers {
-                    let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| err(e.to_string()))?;
+                    let name =
+                        HeaderName::from_bytes(k.as_bytes()).map_err(|e| err(e.to_string()))?;
                     let value = HeaderValue::from_str(v).map_err(|e| err(e.to_string()))?;
                     parsed.push((name, value));
                 }

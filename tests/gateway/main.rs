@@ -7,4 +7,6 @@ mod common;
 mod core;
 mod interop;
 mod legacy;
+mod reliability;
+mod security;
 mod stdio;
