@@ -31,6 +31,8 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod frontend;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod legacy;
 pub mod metrics;
 pub mod protocol;
