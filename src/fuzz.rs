@@ -69,7 +69,10 @@ fn jwt_auth() -> &'static Auth {
         let dir = std::env::temp_dir().join(format!("portico-fuzz-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);
         let jwks = dir.join("jwks.json");
-        let _ = std::fs::write(&jwks, br#"{"keys":[{"kty":"oct","kid":"k","k":"c2VjcmV0"}]}"#);
+        let _ = std::fs::write(
+            &jwks,
+            br#"{"keys":[{"kty":"oct","kid":"k","k":"c2VjcmV0"}]}"#,
+        );
         let cfg = crate::config::AuthConfig {
             mode: crate::config::AuthMode::Jwt,
             jwt: Some(crate::config::JwtConfig {
@@ -158,7 +161,10 @@ mod tests {
                 1 if !input.is_empty() => {
                     input.remove(at.min(input.len() - 1));
                 }
-                2 => input.insert(at.min(input.len()), b"{}[]\":,\\\n\0=?"[(rng.next() % 12) as usize]),
+                2 => input.insert(
+                    at.min(input.len()),
+                    b"{}[]\":,\\\n\0=?"[(rng.next() % 12) as usize],
+                ),
                 3 if input.len() > 2 => input.truncate(at),
                 _ => {
                     let from = (rng.next() as usize) % len;

@@ -307,3 +307,54 @@ pub fn spawn_probe(backend: &Arc<crate::router::Backend>) {
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(failures: u32, open_ms: u64) -> BackendConfig {
+        let c: crate::config::Config = crate::config::parse(&format!(
+            "[[backends]]\nname='a'\nbuiltin='demo'\nbreaker_failures={failures}\nbreaker_open_ms={open_ms}\nmax_concurrent=1\n"
+        ))
+        .unwrap();
+        c.backends[0].clone()
+    }
+
+    #[test]
+    fn breaker_opens_fails_fast_probes_and_closes() {
+        let r = Resilience::new(&cfg(2, 50));
+        r.record(false);
+        assert_eq!(r.state(), BreakerState::Closed);
+        r.record(false);
+        assert_eq!(r.state(), BreakerState::Open);
+        assert!(matches!(
+            r.admit("a"),
+            Err(GatewayError::CircuitOpen { .. })
+        ));
+        std::thread::sleep(Duration::from_millis(60));
+        let probe = r.admit("a").expect("one probe after the open period");
+        assert_eq!(r.state(), BreakerState::HalfOpen);
+        drop(probe);
+        assert!(r.admit("a").is_err(), "only one probe at a time");
+        r.record(false);
+        assert_eq!(r.state(), BreakerState::Open, "a failed probe reopens");
+        std::thread::sleep(Duration::from_millis(60));
+        drop(r.admit("a").unwrap());
+        r.record(true);
+        assert_eq!(r.state(), BreakerState::Closed);
+        assert!(r.admit("a").is_ok());
+    }
+
+    #[test]
+    fn concurrency_limit_and_retry_budget() {
+        let r = Resilience::new(&cfg(0, 50));
+        let held = r.admit("a").unwrap();
+        assert!(matches!(r.admit("a"), Err(GatewayError::Overloaded { .. })));
+        drop(held);
+        assert!(r.admit("a").is_ok());
+        // retries = 1 by default: one retry per request, and the budget runs out.
+        assert!(!r.take_retry(1));
+        let spent = (0..20).filter(|_| r.take_retry(0)).count();
+        assert_eq!(spent, 10, "the budget allows ten retries without successes");
+    }
+}

@@ -6,6 +6,7 @@ use base64::Engine;
 use ring::rand::SystemRandom;
 use ring::signature::{self, KeyPair};
 use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -607,5 +608,75 @@ async fn max_concurrent_refuses_the_excess_with_503() {
         mcp(&url, json!(3), "tools/list", json!({})).await.status,
         200
     );
+    gw.stop().await;
+}
+
+/// A one-route HTTP server for a JWKS document that can be swapped (key rotation).
+async fn jwks_server(doc: Arc<Mutex<String>>) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = l.accept().await {
+            let doc = doc.lock().unwrap().clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                let _ = tcp.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
+                    doc.len()
+                );
+                let _ = tcp.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn jwks_url_is_fetched_and_refreshed() {
+    let keys = Keys::new();
+    let mut only_rsa = keys.jwks();
+    only_rsa["keys"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|k| k["kid"] == "rs");
+    let doc = Arc::new(Mutex::new(only_rsa.to_string()));
+    let addr = jwks_server(doc.clone()).await;
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_url = \"http://{addr}/jwks\"\njwks_refresh_ms = 1000\n{}",
+        format_args!("[[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n", mock.url())
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    let claims = json!({"sub": "carol", "exp": now() + 300});
+    let until = |want: u16, token: String| {
+        let url = url.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(8);
+            loop {
+                let s = list_as(&url, &bearer(&token)).await.status;
+                if s == want {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still {s}, want {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    until(200, keys.rs(&claims)).await;
+    assert_eq!(list_as(&url, &bearer(&keys.es(&claims))).await.status, 401);
+    // Rotation: the EC key is published, the RSA key withdrawn.
+    let mut only_ec = keys.jwks();
+    only_ec["keys"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|k| k["kid"] == "es");
+    *doc.lock().unwrap() = only_ec.to_string();
+    until(200, keys.es(&claims)).await;
+    assert_eq!(list_as(&url, &bearer(&keys.rs(&claims))).await.status, 401);
     gw.stop().await;
 }
