@@ -29,6 +29,12 @@ pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_READY_MIN_BACKENDS: usize = 1;
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 2_000;
+pub const DEFAULT_JWT_LEEWAY_S: u64 = 60;
+pub const DEFAULT_JWKS_REFRESH_MS: u64 = 5 * 60 * 1000;
+pub const DEFAULT_TEAM_CLAIM: &str = "team";
+pub const DEFAULT_RETRIES: u32 = 1;
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+pub const DEFAULT_BREAKER_OPEN_MS: u64 = 5_000;
 
 /// A configuration problem, always naming the key (or file) at fault.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +71,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// `[metrics]`: absent = no metrics/health listener.
     pub metrics: Option<MetricsConfig>,
+    #[serde(default)]
+    pub auth: AuthConfig,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
     #[serde(default)]
@@ -303,6 +311,120 @@ pub struct BackendConfig {
     /// How long a protocol probe waits for an answer before calling a stdio server legacy.
     #[serde(default = "default_probe_timeout_ms")]
     pub probe_timeout_ms: u64,
+    /// Teams whose principals may use this backend. Empty = every caller `[auth]` admits.
+    #[serde(default)]
+    pub allow_teams: Vec<String>,
+    /// Headers sent upstream for callers of one team, over `headers` (`${ENV}` expanded):
+    /// `team_headers = { blue = { Authorization = "Bearer ${BLUE_TOKEN}" } }`.
+    #[serde(default)]
+    pub team_headers: BTreeMap<String, BTreeMap<String, String>>,
+    /// Requests in flight to this backend at once; beyond it, 503. 0 = no limit.
+    #[serde(default)]
+    pub max_concurrent: usize,
+    /// Extra attempts for idempotent methods when the connection could not be made.
+    #[serde(default = "default_retries")]
+    pub retries: u32,
+    /// Consecutive failures that open the circuit breaker. 0 = no breaker.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How long an open breaker fails fast before letting one probe request through.
+    #[serde(default = "default_breaker_open_ms")]
+    pub breaker_open_ms: u64,
+    /// Period of the active health probe (`server/discover`). 0 = no probe.
+    #[serde(default)]
+    pub health_interval_ms: u64,
+}
+
+/// `[auth]`: who may call portico (digest §4, Auth).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    #[serde(default)]
+    pub mode: AuthMode,
+    /// Allow `mode = "none"` on a non-loopback listener.
+    #[serde(default)]
+    pub allow_insecure_none: bool,
+    /// The base URL clients use to reach portico (`https://gw.example`); names the protected
+    /// resource in metadata and in `WWW-Authenticate`. Default: from the request's `Host`.
+    pub public_url: Option<String>,
+    /// OAuth authorization servers listed in the Protected Resource Metadata.
+    #[serde(default)]
+    pub authorization_servers: Vec<String>,
+    /// Scopes listed in the Protected Resource Metadata.
+    #[serde(default)]
+    pub scopes_supported: Vec<String>,
+    #[serde(default)]
+    pub api_keys: Vec<ApiKeyConfig>,
+    pub jwt: Option<JwtConfig>,
+    /// Default per-principal rate limit (a team's own overrides it).
+    pub rate_limit: Option<RateLimitConfig>,
+    #[serde(default)]
+    pub teams: Vec<TeamConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    #[default]
+    None,
+    ApiKeys,
+    Jwt,
+}
+
+/// `[[auth.api_keys]]`: one static bearer key. The key itself never sits in the file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// Environment variable holding the key.
+    pub key_env: Option<String>,
+    /// File holding the key (surrounding whitespace trimmed).
+    pub key_file: Option<PathBuf>,
+    pub principal: String,
+    pub team: Option<String>,
+    /// Filled in by `validate` from `key_env` / `key_file`.
+    #[serde(skip)]
+    pub key: String,
+}
+
+/// `[auth.jwt]`: bearer JWTs signed with HS256, RS256 or ES256.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// A JWKS (`{"keys":[…]}`) file.
+    pub jwks_file: Option<PathBuf>,
+    /// A JWKS URL (`http://`), fetched at start and every `jwks_refresh_ms`.
+    pub jwks_url: Option<String>,
+    #[serde(default = "default_jwks_refresh_ms")]
+    pub jwks_refresh_ms: u64,
+    /// Required `iss`.
+    pub issuer: Option<String>,
+    /// Required `aud` (one of the token's audiences).
+    pub audience: Option<String>,
+    /// Claim naming the caller's team.
+    #[serde(default = "default_team_claim")]
+    pub team_claim: String,
+    /// Clock skew tolerated on `exp` / `nbf`, in seconds.
+    #[serde(default = "default_jwt_leeway_s")]
+    pub leeway_s: u64,
+}
+
+/// A token bucket: `per_second` sustained, `burst` at once.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+/// `[[auth.teams]]`: what a team's principals may do.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TeamConfig {
+    pub name: String,
+    /// Tool allow/deny globs over the tool names a client sees; lists are filtered, calls refused.
+    #[serde(default)]
+    pub tools: ToolFilter,
+    pub rate_limit: Option<RateLimitConfig>,
 }
 
 /// `[[endpoints]]`: several backends served as one MCP server.
@@ -430,6 +552,24 @@ fn default_health_interval_ms() -> u64 {
 fn default_health_timeout_ms() -> u64 {
     DEFAULT_HEALTH_TIMEOUT_MS
 }
+fn default_jwks_refresh_ms() -> u64 {
+    DEFAULT_JWKS_REFRESH_MS
+}
+fn default_team_claim() -> String {
+    DEFAULT_TEAM_CLAIM.to_string()
+}
+fn default_jwt_leeway_s() -> u64 {
+    DEFAULT_JWT_LEEWAY_S
+}
+fn default_retries() -> u32 {
+    DEFAULT_RETRIES
+}
+fn default_breaker_failures() -> u32 {
+    DEFAULT_BREAKER_FAILURES
+}
+fn default_breaker_open_ms() -> u64 {
+    DEFAULT_BREAKER_OPEN_MS
+}
 
 /// The built-in servers `builtin = "…"` may name.
 pub const BUILTINS: &[&str] = &["demo"];
@@ -554,6 +694,17 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
                 invalid(key(&format!("headers.{name}")), "not a valid header value")
             })?;
         }
+        for (team, headers) in b.team_headers.iter_mut() {
+            for (name, value) in headers.iter_mut() {
+                let k = key(&format!("team_headers.{team}.{name}"));
+                http::HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| invalid(&k, "not a valid header name"))?;
+                *value = expand_env(value)
+                    .map_err(|var| invalid(&k, format!("environment variable {var} is not set")))?;
+                http::HeaderValue::from_str(value)
+                    .map_err(|_| invalid(&k, "not a valid header value"))?;
+            }
+        }
         for (name, value) in b.env.iter_mut() {
             *value = expand_env(value).map_err(|var| {
                 invalid(
@@ -563,6 +714,8 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
             })?;
         }
     }
+
+    validate_auth(&mut config.auth, &config.server.listen)?;
 
     let mut paths = HashSet::new();
     for (i, e) in config.endpoints.iter().enumerate() {
@@ -706,6 +859,124 @@ fn validate_metrics(
             "metrics.listen",
             format!("{addr} is also server.listen; give metrics its own port"),
         ));
+    }
+    Ok(())
+}
+
+/// `[auth]` rules: `none` only on loopback (unless forced), keys resolved, JWT key source given.
+fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
+    let loopback = listen
+        .parse::<SocketAddr>()
+        .is_ok_and(|s| s.ip().is_loopback());
+    match a.mode {
+        AuthMode::None if !loopback && !a.allow_insecure_none => {
+            return Err(invalid(
+                "auth.mode",
+                format!(
+                    "\"none\" lets anyone on the network call every backend, but server.listen \
+                     {listen:?} is not loopback: choose \"api_keys\" or \"jwt\", or set \
+                     auth.allow_insecure_none = true"
+                ),
+            ));
+        }
+        AuthMode::ApiKeys if a.api_keys.is_empty() => {
+            return Err(invalid(
+                "auth.api_keys",
+                "mode \"api_keys\" needs at least one key",
+            ));
+        }
+        AuthMode::Jwt => {
+            let Some(j) = &a.jwt else {
+                return Err(invalid(
+                    "auth.jwt",
+                    "mode \"jwt\" needs an [auth.jwt] table",
+                ));
+            };
+            if j.jwks_file.is_none() == j.jwks_url.is_none() {
+                return Err(invalid(
+                    "auth.jwt.jwks_file",
+                    "give exactly one of jwks_file or jwks_url",
+                ));
+            }
+            if let Some(u) = &j.jwks_url
+                && !u.starts_with("http://")
+            {
+                return Err(invalid("auth.jwt.jwks_url", format!("{u:?}: want http://")));
+            }
+        }
+        _ => {}
+    }
+    if let Some(u) = &a.public_url {
+        let uri: http::Uri = u
+            .parse()
+            .map_err(|e| invalid("auth.public_url", format!("{u:?}: {e}")))?;
+        if uri.host().is_none() || uri.scheme().is_none() {
+            return Err(invalid(
+                "auth.public_url",
+                format!("{u:?}: want scheme://host"),
+            ));
+        }
+        a.public_url = Some(u.trim_end_matches('/').to_string());
+    }
+    let mut keys = HashSet::new();
+    for (i, k) in a.api_keys.iter_mut().enumerate() {
+        let key = |f: &str| format!("auth.api_keys[{i}].{f}");
+        k.key = match (&k.key_env, &k.key_file) {
+            (Some(var), None) => std::env::var(var).map_err(|_| {
+                invalid(
+                    key("key_env"),
+                    format!("environment variable {var} is not set"),
+                )
+            })?,
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| invalid(key("key_file"), format!("{}: {e}", path.display())))?
+                .trim()
+                .to_string(),
+            _ => {
+                return Err(invalid(
+                    format!("auth.api_keys[{i}]"),
+                    "give exactly one of key_env or key_file",
+                ));
+            }
+        };
+        if k.key.len() < 16 {
+            return Err(invalid(
+                key("key_env"),
+                "the key must be at least 16 characters",
+            ));
+        }
+        if !keys.insert(k.key.clone()) {
+            return Err(invalid(
+                format!("auth.api_keys[{i}]"),
+                "the same key is configured twice",
+            ));
+        }
+        if k.principal.is_empty() {
+            return Err(invalid(key("principal"), "must not be empty"));
+        }
+    }
+    let mut teams = HashSet::new();
+    for (i, t) in a.teams.iter().enumerate() {
+        if !teams.insert(t.name.as_str()) {
+            return Err(invalid(
+                format!("auth.teams[{i}].name"),
+                format!("duplicate team {:?}", t.name),
+            ));
+        }
+    }
+    for (k, r) in a
+        .rate_limit
+        .iter()
+        .map(|r| ("auth.rate_limit".to_string(), r))
+        .chain(a.teams.iter().enumerate().filter_map(|(i, t)| {
+            t.rate_limit
+                .as_ref()
+                .map(|r| (format!("auth.teams[{i}].rate_limit"), r))
+        }))
+    {
+        if !(r.per_second > 0.0 && r.per_second.is_finite()) || r.burst == 0 {
+            return Err(invalid(k, "per_second and burst must be greater than 0"));
+        }
     }
     Ok(())
 }

@@ -61,6 +61,20 @@ pub enum GatewayError {
     BackendFailed { backend: String, detail: String },
     #[error("backend {backend} is overloaded")]
     Overloaded { backend: String },
+    #[error("Unauthorized: {reason}")]
+    Unauthorized {
+        reason: String,
+        /// A credential was presented (and refused): `error="invalid_token"` (RFC 6750).
+        token_given: bool,
+        /// The Protected Resource Metadata URL for `WWW-Authenticate`.
+        resource_metadata: String,
+    },
+    #[error("Forbidden: {0}")]
+    Forbidden(String),
+    #[error("rate limit exceeded; retry after {retry_after_s} s")]
+    RateLimited { retry_after_s: u64 },
+    #[error("backend {backend} is failing; its circuit breaker is open")]
+    CircuitOpen { backend: String },
     #[error("internal error")]
     Internal(String),
     /// Two members of an aggregated endpoint expose the same name: a configuration problem
@@ -84,6 +98,7 @@ impl GatewayError {
             BackendUnreachable { .. } | BackendTimeout { .. } | BackendFailed { .. } => {
                 Fault::Backend
             }
+            CircuitOpen { .. } => Fault::Backend,
             Overloaded { .. } | Internal(_) | NameCollision { .. } => Fault::Gateway,
             _ => Fault::Client,
         }
@@ -109,7 +124,10 @@ impl GatewayError {
             | BadRequest(_) => StatusCode::BAD_REQUEST,
             BackendUnreachable { .. } | BackendFailed { .. } => StatusCode::BAD_GATEWAY,
             BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Overloaded { .. } | CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Forbidden(_) => StatusCode::FORBIDDEN,
+            RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Internal(_) | NameCollision { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -131,7 +149,10 @@ impl GatewayError {
             | InvalidRequest(_)
             | NoRoute { .. }
             | OriginForbidden
-            | AdminForbidden => code::INVALID_REQUEST,
+            | AdminForbidden
+            | Unauthorized { .. }
+            | Forbidden(_)
+            | RateLimited { .. } => code::INVALID_REQUEST,
             // What the TypeScript SDK sends; legacy clients re-initialize on the 404 itself.
             SessionNotFound => code::SESSION_NOT_FOUND,
             BadRequest(_) => code::SERVER_ERROR,
@@ -139,6 +160,7 @@ impl GatewayError {
             | BackendTimeout { .. }
             | BackendFailed { .. }
             | Overloaded { .. }
+            | CircuitOpen { .. }
             | Internal(_)
             | NameCollision { .. } => code::INTERNAL_ERROR,
         }
@@ -169,6 +191,10 @@ impl GatewayError {
             BackendTimeout { .. } => "backend_timeout",
             BackendFailed { .. } => "backend_failed",
             Overloaded { .. } => "overloaded",
+            Unauthorized { .. } => "unauthorized",
+            Forbidden(_) => "forbidden",
+            RateLimited { .. } => "rate_limited",
+            CircuitOpen { .. } => "circuit_open",
             Internal(_) => "internal",
             NameCollision { .. } => "name_collision",
             ResourceNotFound { .. } => "resource_not_found",
@@ -201,8 +227,32 @@ impl GatewayError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if matches!(self, GatewayError::MethodNotAllowed) {
-            h.insert(header::ALLOW, HeaderValue::from_static("POST"));
+        match &self {
+            GatewayError::MethodNotAllowed => {
+                h.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            GatewayError::Unauthorized {
+                token_given,
+                resource_metadata,
+                ..
+            } => {
+                let error = if *token_given {
+                    ", error=\"invalid_token\""
+                } else {
+                    ""
+                };
+                let v = format!("Bearer resource_metadata=\"{resource_metadata}\"{error}");
+                if let Ok(v) = HeaderValue::from_str(&v) {
+                    h.insert(header::WWW_AUTHENTICATE, v);
+                }
+            }
+            GatewayError::RateLimited { retry_after_s } => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
+            }
+            GatewayError::CircuitOpen { .. } | GatewayError::Overloaded { .. } => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
         }
         resp
     }

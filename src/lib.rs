@@ -17,6 +17,9 @@
 //! - [`aggregate`]: `[[endpoints]]` — several backends served as one MCP server.
 //! - [`upstream`]: how backends are reached (HTTP pool, stdio child, built-in).
 //! - [`demo`]: the built-in demo backend.
+//! - [`auth`]: who is calling (API keys, JWT), team policy, rate limits, resource metadata.
+//! - [`resilience`]: circuit breaker, retry budget, concurrency limit, health probe.
+//! - [`reload`]: hot reload on SIGHUP and config-file change.
 //! - [`error`]: `GatewayError`, the only builder of error responses.
 //! - [`metrics`]: Prometheus registry; the only place metric names live.
 //! - [`stdio_front`]: `portico stdio`, the same pipeline for clients that speak stdio.
@@ -28,6 +31,7 @@
 
 pub mod admin;
 pub mod aggregate;
+pub mod auth;
 pub mod body;
 pub mod bridge;
 pub mod cache;
@@ -35,12 +39,16 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod frontend;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod health;
 pub mod invalidation;
 pub mod legacy;
 pub mod metrics;
 pub mod protocol;
 pub mod proxy;
+pub mod reload;
+pub mod resilience;
 pub mod router;
 pub mod server;
 pub mod session;
@@ -71,6 +79,8 @@ pub struct State {
     pub cache: Arc<cache::Cache>,
     /// Change-notification streams that keep `cache` honest.
     pub watchers: invalidation::Watchers,
+    /// Authentication, team policy and rate limits.
+    pub auth: auth::Auth,
 }
 
 /// Why the gateway could not start.
@@ -85,6 +95,10 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Auth(String),
+    #[error("{0}")]
+    Config(String),
 }
 
 impl State {
@@ -92,6 +106,13 @@ impl State {
         let routes = RouteTable::build(&config)?;
         let sessions = session::Sessions::new(&config.sessions);
         let cache = Arc::new(cache::Cache::new(&config.cache));
+        let auth = auth::Auth::build(&config.auth).map_err(StartError::Auth)?;
+        // Background tasks hold weak references: they end with this generation.
+        auth.spawn_refresh();
+        for b in routes.backends.values() {
+            b.resilience.attach(metrics.backend(&b.name));
+            resilience::spawn_probe(b);
+        }
         Ok(State {
             config,
             routes,
@@ -99,6 +120,7 @@ impl State {
             metrics,
             cache,
             watchers: invalidation::Watchers::default(),
+            auth,
         })
     }
 
@@ -139,13 +161,34 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
-    run_with(config, listener, None, shutdown).await
+    run_inner(config, None, listener, None, shutdown).await
 }
 
 /// [`run`], with the metrics listener already bound by the caller (`None`: bind
-/// `metrics.listen`; ignored without `[metrics]`). `main` and the tests call this.
+/// `metrics.listen`; ignored without `[metrics]`). The tests call this.
 pub async fn run_with(
     config: Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    run_inner(config, None, listener, metrics_listener, shutdown).await
+}
+
+/// Like [`run`], loading the config from `path` and reloading it on SIGHUP or when the file
+/// changes (see [`reload`]). `main` calls this.
+pub async fn run_with_reload(
+    path: &std::path::Path,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let config = config::load(path).map_err(|e| StartError::Config(e.to_string()))?;
+    run_inner(config, Some(path.to_path_buf()), listener, None, shutdown).await
+}
+
+async fn run_inner(
+    config: Config,
+    path: Option<std::path::PathBuf>,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
@@ -166,6 +209,7 @@ pub async fn run_with(
     let state = State::build(config, metrics)?;
     let shared = Arc::new(ArcSwap::from_pointee(state));
     let admin = admin_listener.map(|l| admin::Admin::spawn(shared.clone(), l));
+    let watcher = path.map(|p| tokio::spawn(reload::watch(p, shared.clone())));
     // Readiness turns false as soon as shutdown begins, so load balancers stop sending new
     // requests while in-flight ones drain; /metrics keeps answering until the drain is over.
     let draining = async {
@@ -175,6 +219,9 @@ pub async fn run_with(
         }
     };
     server::serve(shared.clone(), listener, tls, draining).await;
+    if let Some(w) = watcher {
+        w.abort();
+    }
     if let Some(a) = admin {
         a.stop().await;
     }

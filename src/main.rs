@@ -242,7 +242,8 @@ fn main() -> ExitCode {
             .map(|a| a.to_string())
             .unwrap_or_default();
         tracing::info!(%addr, backends = config.backends.len(), "portico listening");
-        match portico::run(config, listener, shutdown_signal()).await {
+        // The file is loaded again (same steps) so that SIGHUP and file changes reload it.
+        match portico::run_with_reload(&path, listener, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("portico: {e}");

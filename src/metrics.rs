@@ -38,6 +38,10 @@ pub struct Metrics {
     upstream: HistogramVec,
     in_flight: IntGauge,
     aggregate_omitted: IntCounterVec,
+    breaker_state: IntGaugeVec,
+    retries: IntCounterVec,
+    backend_up: IntGaugeVec,
+    reloads: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -108,6 +112,35 @@ impl Metrics {
             &["version"],
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "portico_backend_circuit_state",
+                "Circuit breaker per backend: 0 closed, 1 open, 2 half-open.",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let retries = IntCounterVec::new(
+            Opts::new(
+                "portico_backend_retries_total",
+                "Retries of idempotent requests after a connect failure.",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let backend_up = IntGaugeVec::new(
+            Opts::new(
+                "portico_backend_probe_up",
+                "Result of the last active resilience probe (backends with health_interval_ms): 1 up, 0 down.",
+            ),
+            &["backend"],
+        )
+        .expect("static metric definition");
+        let reloads = IntCounterVec::new(
+            Opts::new("portico_config_reloads_total", "Config reloads, by result."),
+            &["result"],
+        )
+        .expect("static metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn Collector>,
             Box::new(errors.clone()),
@@ -116,6 +149,10 @@ impl Metrics {
             Box::new(in_flight.clone()),
             Box::new(aggregate_omitted.clone()),
             Box::new(build),
+            Box::new(breaker_state.clone()),
+            Box::new(retries.clone()),
+            Box::new(backend_up.clone()),
+            Box::new(reloads.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -127,6 +164,10 @@ impl Metrics {
             upstream,
             in_flight,
             aggregate_omitted,
+            breaker_state,
+            retries,
+            backend_up,
+            reloads,
         }
     }
 
@@ -140,6 +181,22 @@ impl Metrics {
     pub fn aggregate_omitted(&self, endpoint: &str, backend: &str) {
         self.aggregate_omitted
             .with_label_values(&[endpoint, backend])
+            .inc();
+    }
+
+    /// The per-backend resilience metrics (label values are config backend names).
+    pub fn backend(&self, name: &str) -> crate::resilience::BackendMetrics {
+        crate::resilience::BackendMetrics {
+            breaker_state: self.breaker_state.with_label_values(&[name]),
+            retries: self.retries.with_label_values(&[name]),
+            up: self.backend_up.with_label_values(&[name]),
+        }
+    }
+
+    /// Counts a reload attempt (`ok` or `invalid`).
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "invalid" }])
             .inc();
     }
 

@@ -18,15 +18,19 @@ use tokio::time::Instant;
 
 use crate::State;
 use crate::aggregate;
+use crate::auth::{self, Auth, Principal};
 use crate::body::{Body, sse_event};
 use crate::bridge;
-use crate::cache::{Fetched, KeyInput, Partition};
+use crate::cache::{Fetched, KeyInput};
 use crate::error::GatewayError;
 use crate::frontend::{self, Era, Head, ModernHead};
 use crate::legacy;
 use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, first_byte, header as h};
+use crate::resilience;
 use crate::router::{Backend, Route, Verdict};
-use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, http::is_event_stream};
+use crate::upstream::{
+    MessageStream, Outgoing, Reply, Upstream, UpstreamError, http::is_event_stream,
+};
 use serde_json::Value;
 
 /// Everything known about one request, filled in as it moves through the phases and read once
@@ -57,6 +61,8 @@ pub struct RequestCtx {
     /// How the shared cache answered (`hit`, `miss`, …), when it was consulted.
     pub cache: Option<&'static str>,
     pub status: u16,
+    /// Who is calling, once authenticated (`None` in auth mode `none`).
+    pub principal: Option<Arc<Principal>>,
 }
 
 impl RequestCtx {
@@ -75,6 +81,7 @@ impl RequestCtx {
             error: None,
             cache: None,
             status: 0,
+            principal: None,
         }
     }
 
@@ -126,11 +133,14 @@ where
 {
     let (parts, body) = req.into_parts();
     ctx.traceparent = frontend::traceparent(&parts.headers);
-    // 1. route
     let path = parts.uri.path();
     if path == ADMIN_PURGE_PATH {
         return admin_purge(state, &parts);
     }
+    if path.starts_with(auth::METADATA_PATH) {
+        return protected_resource_metadata(state, &parts);
+    }
+    // 1. route
     let route = state
         .routes
         .routes
@@ -139,9 +149,18 @@ where
             path: path.to_string(),
         })?;
     ctx.route = Some(route.name());
-    if let Route::Backend(backend) = route {
-        ctx.backend = Some(backend.name.clone());
-    }
+    // 1b. who is calling, and may they (before the body is read)
+    ctx.principal = state.auth.authenticate(&parts.headers, path)?;
+    state.auth.rate_limit(ctx.principal.as_deref())?;
+    // Held until the response head is out: a slot of `max_concurrent`, and the breaker's leave.
+    let _admission = match route {
+        Route::Backend(backend) => {
+            ctx.backend = Some(backend.name.clone());
+            Auth::check_team(ctx.principal.as_deref(), &backend.cfg.allow_teams, path)?;
+            Some(backend.resilience.admit(&backend.name)?)
+        }
+        Route::Endpoint(_) => None,
+    };
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
@@ -205,7 +224,7 @@ async fn modern(
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Modern
         && let Upstream::Http(up) = &backend.upstream
-        && can_pass_through(state, backend, &mh)
+        && can_pass_through(state, ctx, backend, &mh)
     {
         // Cheap checks that need no parse: one object per POST.
         match first_byte(&body) {
@@ -214,12 +233,32 @@ async fn modern(
             _ => return Err(GatewayError::Parse("body is not a JSON object".into())),
         }
         ctx.passthrough = true;
-        let req = up.request(headers, &[], body.clone());
+        let team = team_headers(ctx, backend);
+        let mut attempt = 0;
         let sent = StdInstant::now();
-        let ex = up.exchange(req, deadline).await;
+        let ex = loop {
+            let req = up.request(headers, team, body.clone());
+            match up.exchange(req, deadline).await {
+                Ok(ex) => break ex,
+                Err(e @ UpstreamError::Connect(_))
+                    if mh.method.as_deref().is_some_and(resilience::idempotent)
+                        && backend.resilience.take_retry(attempt) =>
+                {
+                    tracing::debug!(backend = %backend.name, error = %e, "retrying");
+                    attempt += 1;
+                }
+                Err(e) => {
+                    ctx.upstream_since(sent);
+                    let e = GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e);
+                    backend
+                        .resilience
+                        .record(!resilience::is_backend_failure(&e));
+                    return Err(e);
+                }
+            }
+        };
         ctx.upstream_since(sent);
-        let ex =
-            ex.map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))?;
+        backend.resilience.record(true);
         let status = ex.response.status();
         let (parts, relay) = up.relay(ex, deadline, body.clone());
         if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
@@ -262,15 +301,48 @@ async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
 /// Pass-through is allowed when nothing portico does depends on the body: a backend known to
 /// speak 2026-07-28 validates the headers itself.
 ///
-/// A cacheable method is never passed through while the cache is on: its key comes from the
-/// body, and the body must agree with the headers before an entry is served or stored.
-fn can_pass_through(state: &State, backend: &Backend, mh: &ModernHead) -> bool {
+/// Never passed through, because a decision then depends on the body:
+/// - a cacheable method while the cache is on (the key comes from the body, and the body must
+///   agree with the headers before an entry is served or stored);
+/// - a caller under a tool policy (checked against the parsed body, never the headers alone).
+fn can_pass_through(state: &State, ctx: &RequestCtx, backend: &Backend, mh: &ModernHead) -> bool {
     !mh.unknown_version
         && backend.cfg.verify_body == crate::config::VerifyBody::Auto
         && mh
             .method
             .as_deref()
             .is_some_and(|m| !(state.cache.enabled() && protocol::is_cacheable_method(m)))
+        && state.auth.policy(ctx.principal.as_deref()).is_none()
+}
+
+/// The upstream credentials of the caller's team, if the backend configures any.
+fn team_headers<'a>(ctx: &RequestCtx, backend: &'a Backend) -> &'a [(HeaderName, HeaderValue)] {
+    ctx.principal
+        .as_deref()
+        .and_then(|p| p.team.as_deref())
+        .and_then(|t| backend.team_headers.get(t))
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// `GET /.well-known/oauth-protected-resource[/<path>]` (RFC 9728), served without auth.
+fn protected_resource_metadata(
+    state: &State,
+    parts: &http::request::Parts,
+) -> Result<Response<Body>, GatewayError> {
+    let path = parts.uri.path();
+    if parts.method != Method::GET {
+        return Err(GatewayError::MethodNotAllowed);
+    }
+    state
+        .auth
+        .metadata(&parts.headers, path, |p| {
+            state.routes.routes.contains_key(p)
+        })
+        .map(|doc| json_response(StatusCode::OK, doc))
+        .ok_or_else(|| GatewayError::NoRoute {
+            path: path.to_string(),
+        })
 }
 
 /// Step 5, dispatch: the one `match` on the method, for every request portico reads (modern
@@ -287,7 +359,18 @@ pub async fn answer(
     body: Bytes,
     deadline: Instant,
 ) -> Result<Reply, GatewayError> {
-    match (env.kind, env.id.as_ref()) {
+    // Team tool policy, on the parsed body.
+    let policy = state.auth.policy(ctx.principal.as_deref());
+    if let Some(f) = policy
+        && env.method == "tools/call"
+        && !auth::tool_allowed(f, env.name.as_deref().unwrap_or(""))
+    {
+        return Err(GatewayError::Forbidden(format!(
+            "tool {:?} is not allowed for your team",
+            env.name.as_deref().unwrap_or("")
+        )));
+    }
+    let reply = match (env.kind, env.id.as_ref()) {
         (Kind::Request, Some(id))
             if state.cache.enabled() && protocol::is_cacheable_method(&env.method) =>
         {
@@ -295,15 +378,23 @@ pub async fn answer(
         }
         _ => {
             let sent = StdInstant::now();
-            let reply = call_backend(backend, headers, env, body, deadline).await;
+            let reply = call_backend(ctx, backend, headers, env, body, deadline).await;
             ctx.upstream_since(sent);
+            backend.resilience.record_result(&reply);
             reply
         }
+    };
+    // The filter runs after the cache: a public entry is shared, each team sees its own part.
+    match policy {
+        Some(f) if env.method == "tools/list" => Ok(auth::filter_tools_reply(reply?, f)),
+        _ => reply,
     }
 }
 
-/// The per-backend call: legacy backends through the bridge, modern ones forwarded.
+/// The per-backend call, inside `answer`'s policy and cache: legacy backends through the
+/// bridge, modern ones forwarded.
 async fn call_backend(
+    ctx: &RequestCtx,
     backend: &Arc<Backend>,
     headers: &http::HeaderMap,
     env: &Envelope,
@@ -325,7 +416,7 @@ async fn call_backend(
             .await
         }
         // Modern backends, on the message path.
-        _ => forward(backend, headers, env, body, deadline).await,
+        _ => forward(ctx, backend, headers, env, body, deadline).await,
     }
 }
 
@@ -351,27 +442,34 @@ async fn cached(
             .map(|u| Value::from(u.as_str()).to_string()),
         _ => None,
     };
+    // The upstream credential portico presents: a team's own headers make a different one.
+    let credential_id = ctx
+        .principal
+        .as_deref()
+        .and_then(|p| p.team.as_deref())
+        .filter(|t| backend.team_headers.contains_key(*t))
+        .unwrap_or("");
     let key = KeyInput {
         backend: &backend.name,
-        credential_id: "",
+        credential_id,
         method: &env.method,
         params: uri_json.as_deref().or(env.cursor.as_deref()),
         protocol_version: env.protocol_version.as_deref().unwrap_or(LATEST_VERSION),
         capabilities: env.client_capabilities.as_deref(),
     };
-    let partition = Partition::from_authorization(
-        headers
-            .get(header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes),
-    );
+    // Private entries belong to the authenticated principal, or (auth mode none) to a digest
+    // of the caller's credential.
+    let partition = auth::partition(ctx.principal.as_deref(), headers);
     // Upstream time only when this request itself went upstream (a hit or a coalesced wait
     // has none), in µs: an atomic because the fetch future must stay `Send`.
     let upstream_us = std::sync::atomic::AtomicU64::new(u64::MAX);
+    let shared: &RequestCtx = ctx;
     let served = state
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry, || async {
             let sent = StdInstant::now();
-            let reply = call_backend(backend, headers, env, body, deadline).await;
+            let reply = call_backend(shared, backend, headers, env, body, deadline).await;
+            backend.resilience.record_result(&reply);
             upstream_us.store(
                 sent.elapsed().as_micros() as u64,
                 std::sync::atomic::Ordering::Relaxed,
@@ -465,25 +563,43 @@ fn admin_purge(
     ))
 }
 
-/// Sends a modern message to a modern backend on the message path.
+/// Sends a modern message to a modern backend on the message path. Idempotent methods are
+/// retried when the connection could not be made, within the backend's retry budget.
 async fn forward(
+    ctx: &RequestCtx,
     backend: &Backend,
     headers: &http::HeaderMap,
     env: &Envelope,
     body: Bytes,
     deadline: Instant,
 ) -> Result<Reply, GatewayError> {
-    let extra = mirror_headers(env);
-    backend
-        .upstream
-        .call(Outgoing {
-            body,
-            client_headers: headers,
-            extra,
-            deadline,
-        })
-        .await
-        .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))
+    let mut extra = mirror_headers(env);
+    extra.extend_from_slice(team_headers(ctx, backend));
+    let mut attempt = 0;
+    loop {
+        let result = backend
+            .upstream
+            .call(Outgoing {
+                body: body.clone(),
+                client_headers: headers,
+                extra: extra.clone(),
+                deadline,
+            })
+            .await;
+        match result {
+            Err(UpstreamError::Connect(_))
+                if resilience::idempotent(&env.method)
+                    && backend.resilience.take_retry(attempt) =>
+            {
+                attempt += 1;
+            }
+            r => {
+                return r.map_err(|e| {
+                    GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e)
+                });
+            }
+        }
+    }
 }
 
 /// The 2026-07-28 headers that mirror a message's body.

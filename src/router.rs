@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use crate::aggregate::Endpoint;
+use http::{HeaderName, HeaderValue};
+
 use crate::config::{BackendConfig, Config, Protocol};
 use crate::demo::Demo;
 use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
@@ -33,6 +35,10 @@ pub struct Backend {
     pub bridge: crate::bridge::BridgeState,
     /// Last health check, for `/readyz` and `portico_backend_up`.
     pub health: crate::health::Health,
+    /// Breaker, retry budget, concurrency limit.
+    pub resilience: crate::resilience::Resilience,
+    /// `team_headers`, parsed: sent upstream (over `headers`) for callers of that team.
+    pub team_headers: HashMap<String, Vec<(HeaderName, HeaderValue)>>,
 }
 
 impl Backend {
@@ -117,6 +123,17 @@ impl RouteTable {
             } else {
                 (Upstream::Builtin(Demo), Verdict::Modern)
             };
+            let mut team_headers = HashMap::new();
+            for (team, headers) in &cfg.team_headers {
+                let mut parsed = Vec::with_capacity(headers.len());
+                for (k, v) in headers {
+                    let name =
+                        HeaderName::from_bytes(k.as_bytes()).map_err(|e| err(e.to_string()))?;
+                    let value = HeaderValue::from_str(v).map_err(|e| err(e.to_string()))?;
+                    parsed.push((name, value));
+                }
+                team_headers.insert(team.clone(), parsed);
+            }
             let backend = Arc::new(Backend {
                 name: cfg.name.as_str().into(),
                 cfg: cfg.clone(),
@@ -125,6 +142,8 @@ impl RouteTable {
                 timeout: Duration::from_millis(cfg.timeout_ms),
                 bridge: Default::default(),
                 health: Default::default(),
+                resilience: crate::resilience::Resilience::new(cfg),
+                team_headers,
             });
             routes.insert(
                 format!("/mcp/{}", cfg.name),

@@ -130,7 +130,7 @@ impl HttpUpstream {
     }
 
     /// Builds the upstream request: the allowlisted client headers (never credentials), the
-    /// caller's extra headers, then the configured static ones.
+    /// configured static headers, then the caller's extra ones.
     pub fn request(
         &self,
         client_headers: &HeaderMap,
@@ -148,7 +148,9 @@ impl HttpUpstream {
                 h.append(name.clone(), value.clone());
             }
         }
-        for (name, value) in extra.iter().chain(self.static_headers.iter()) {
+        // The caller's extra headers (MCP mirrors, session id, per-team credentials) win over
+        // the static ones.
+        for (name, value) in self.static_headers.iter().chain(extra.iter()) {
             h.insert(name.clone(), value.clone());
         }
         req

@@ -10,5 +10,7 @@ mod core;
 mod interop;
 mod legacy;
 mod observe;
+mod reliability;
+mod security;
 mod stdio;
 mod stdio_front;

@@ -1,0 +1,360 @@
+//! Keeping a failing backend from taking clients down with it: a per-backend circuit breaker,
+//! a retry budget for idempotent methods, a concurrency limit, and the active health probe.
+//!
+//! Owns: the breaker state machine (closed → open after `breaker_failures` consecutive failures
+//! → after `breaker_open_ms` one probe request (half-open) → closed on success, open again on
+//! failure), the retry token budget, the per-backend semaphore, the probe task.
+//! Must not: build error responses (it returns `GatewayError`s) or know metric names (it holds
+//! gauges `metrics.rs` made).
+//! Called by: `proxy` around every upstream exchange; `State::build` starts the probe task.
+
+use prometheus::{IntCounter, IntGauge};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::BackendConfig;
+use crate::error::GatewayError;
+
+/// Retry budget in tenths of a retry: each success earns one tenth, each retry spends ten, up
+/// to `RETRY_BUDGET_MAX`. Retries can so never more than ~10 % amplify load once the first ten
+/// are used up.
+const RETRY_BUDGET_MAX: u64 = 100;
+
+/// How long one health probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the breaker gauge reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    Closed = 0,
+    Open = 1,
+    HalfOpen = 2,
+}
+
+struct Inner {
+    opened_at: Option<Instant>,
+    /// When the current half-open probe started; a new probe may start once it is as old as
+    /// the open period (the first one's client may have gone away without an outcome).
+    probe_at: Option<Instant>,
+}
+
+/// Per-backend resilience state.
+pub struct Resilience {
+    threshold: u32,
+    open_for: Duration,
+    retries: u32,
+    failures: AtomicU32,
+    /// Fast path: nothing to lock while the breaker is closed.
+    open: AtomicBool,
+    inner: Mutex<Inner>,
+    budget: AtomicU64,
+    limiter: Option<Arc<Semaphore>>,
+    metrics: OnceLock<BackendMetrics>,
+}
+
+/// Metric handles for one backend (made by `metrics.rs`).
+pub struct BackendMetrics {
+    pub breaker_state: IntGauge,
+    pub retries: IntCounter,
+    pub up: IntGauge,
+}
+
+/// A request admitted to the backend; dropping it frees the concurrency slot.
+pub struct Admission {
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Resilience {
+    pub fn new(cfg: &BackendConfig) -> Resilience {
+        Resilience {
+            threshold: cfg.breaker_failures,
+            open_for: Duration::from_millis(cfg.breaker_open_ms),
+            retries: cfg.retries,
+            failures: AtomicU32::new(0),
+            open: AtomicBool::new(false),
+            inner: Mutex::new(Inner {
+                opened_at: None,
+                probe_at: None,
+            }),
+            budget: AtomicU64::new(RETRY_BUDGET_MAX),
+            limiter: (cfg.max_concurrent > 0).then(|| Arc::new(Semaphore::new(cfg.max_concurrent))),
+            metrics: OnceLock::new(),
+        }
+    }
+
+    pub fn attach(&self, m: BackendMetrics) {
+        m.breaker_state.set(self.state() as i64);
+        m.up.set(1);
+        let _ = self.metrics.set(m);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn state(&self) -> BreakerState {
+        if !self.open.load(Ordering::Acquire) {
+            return BreakerState::Closed;
+        }
+        match self.lock().probe_at {
+            Some(_) => BreakerState::HalfOpen,
+            None => BreakerState::Open,
+        }
+    }
+
+    fn publish(&self) {
+        if let Some(m) = self.metrics.get() {
+            m.breaker_state.set(self.state() as i64);
+        }
+    }
+
+    /// Admits a request: a concurrency slot (503 when none is free) and the breaker's leave
+    /// (fast 503 while open; one probe at a time once the open period is over).
+    pub fn admit(&self, backend: &str) -> Result<Admission, GatewayError> {
+        let permit = match &self.limiter {
+            None => None,
+            Some(s) => {
+                Some(
+                    s.clone()
+                        .try_acquire_owned()
+                        .map_err(|_| GatewayError::Overloaded {
+                            backend: backend.to_string(),
+                        })?,
+                )
+            }
+        };
+        if self.threshold > 0 && self.open.load(Ordering::Acquire) {
+            let now = Instant::now();
+            let mut inner = self.lock();
+            let cooled = inner
+                .opened_at
+                .is_none_or(|t| now.duration_since(t) >= self.open_for);
+            let probe_free = inner
+                .probe_at
+                .is_none_or(|t| now.duration_since(t) >= self.open_for);
+            if !(cooled && probe_free) {
+                return Err(GatewayError::CircuitOpen {
+                    backend: backend.to_string(),
+                });
+            }
+            inner.probe_at = Some(now);
+            drop(inner);
+            self.publish();
+        }
+        Ok(Admission { _permit: permit })
+    }
+
+    /// Records the outcome of an exchange. Only backend faults count as failures.
+    pub fn record(&self, ok: bool) {
+        if self.threshold == 0 {
+            return;
+        }
+        if ok {
+            self.failures.store(0, Ordering::Relaxed);
+            let _ = self
+                .budget
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                    (b < RETRY_BUDGET_MAX).then_some(b + 1)
+                });
+            if self.open.load(Ordering::Acquire) {
+                let mut inner = self.lock();
+                inner.opened_at = None;
+                inner.probe_at = None;
+                self.open.store(false, Ordering::Release);
+                drop(inner);
+                tracing::info!("circuit breaker closed");
+                self.publish();
+            }
+            return;
+        }
+        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let was_open = self.open.load(Ordering::Acquire);
+        if n >= self.threshold || was_open {
+            let mut inner = self.lock();
+            inner.opened_at = Some(Instant::now());
+            inner.probe_at = None;
+            self.open.store(true, Ordering::Release);
+            drop(inner);
+            if !was_open {
+                tracing::warn!(failures = n, "circuit breaker opened");
+            }
+            self.publish();
+        }
+    }
+
+    /// Records the outcome of a finished request by its error, if any.
+    pub fn record_result<T>(&self, r: &Result<T, GatewayError>) {
+        match r {
+            Ok(_) => self.record(true),
+            Err(e) if is_backend_failure(e) => self.record(false),
+            Err(_) => {}
+        }
+    }
+
+    /// Whether one more attempt may be spent (and spends it).
+    pub fn take_retry(&self, attempt: u32) -> bool {
+        if attempt >= self.retries {
+            return false;
+        }
+        let ok = self
+            .budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(10))
+            .is_ok();
+        if ok && let Some(m) = self.metrics.get() {
+            m.retries.inc();
+        }
+        ok
+    }
+
+    fn set_up(&self, up: bool) {
+        if let Some(m) = self.metrics.get() {
+            m.up.set(i64::from(up));
+        }
+    }
+}
+
+/// The failures that say the backend is unwell (not the client, not portico).
+pub fn is_backend_failure(e: &GatewayError) -> bool {
+    matches!(
+        e,
+        GatewayError::BackendUnreachable { .. }
+            | GatewayError::BackendTimeout { .. }
+            | GatewayError::BackendFailed { .. }
+    )
+}
+
+/// Methods whose repetition changes nothing upstream: safe to retry.
+pub fn idempotent(method: &str) -> bool {
+    matches!(
+        method,
+        "server/discover"
+            | "tools/list"
+            | "prompts/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+    )
+}
+
+/// Starts the active health probe of an HTTP backend: `server/discover` every
+/// `health_interval_ms`. Any HTTP answer counts as alive (a legacy server refuses the method,
+/// but it is up); a transport failure counts against the breaker. Holds only a weak reference,
+/// so the task ends with its config generation.
+pub fn spawn_probe(backend: &Arc<crate::router::Backend>) {
+    let every = backend.cfg.health_interval_ms;
+    if every == 0 || !matches!(backend.upstream, crate::upstream::Upstream::Http(_)) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak: Weak<crate::router::Backend> = Arc::downgrade(backend);
+    let every = Duration::from_millis(every);
+    rt.spawn(async move {
+        let body = bytes::Bytes::from(
+            serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": "portico-health",
+                "method": "server/discover",
+                "params": {"_meta": {
+                    crate::protocol::meta::PROTOCOL_VERSION: crate::protocol::LATEST_VERSION,
+                    crate::protocol::meta::CLIENT_CAPABILITIES: {},
+                }},
+            })
+            .to_string(),
+        );
+        let headers = http::HeaderMap::new();
+        let mut extra = vec![
+            (
+                http::HeaderName::from_static(crate::protocol::header::PROTOCOL_VERSION),
+                http::HeaderValue::from_static(crate::protocol::LATEST_VERSION),
+            ),
+            (
+                http::HeaderName::from_static(crate::protocol::header::METHOD),
+                http::HeaderValue::from_static("server/discover"),
+            ),
+        ];
+        extra.push((
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        ));
+        extra.push((
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("application/json, text/event-stream"),
+        ));
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(b) = weak.upgrade() else { return };
+            let crate::upstream::Upstream::Http(up) = &b.upstream else {
+                return;
+            };
+            let req = up.request(&headers, &extra, body.clone());
+            let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT.min(b.timeout);
+            let ok = match up.exchange(req, deadline).await {
+                Ok(ex) => {
+                    // Read the answer so the connection goes back to the pool.
+                    use http_body_util::BodyExt;
+                    let (_, body) = up.relay(ex, deadline, bytes::Bytes::new());
+                    let _ = body.collect().await;
+                    true
+                }
+                Err(_) => false,
+            };
+            b.resilience.set_up(ok);
+            b.resilience.record(ok);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(failures: u32, open_ms: u64) -> BackendConfig {
+        let c: crate::config::Config = crate::config::parse(&format!(
+            "[[backends]]\nname='a'\nbuiltin='demo'\nbreaker_failures={failures}\nbreaker_open_ms={open_ms}\nmax_concurrent=1\n"
+        ))
+        .unwrap();
+        c.backends[0].clone()
+    }
+
+    #[test]
+    fn breaker_opens_fails_fast_probes_and_closes() {
+        let r = Resilience::new(&cfg(2, 50));
+        r.record(false);
+        assert_eq!(r.state(), BreakerState::Closed);
+        r.record(false);
+        assert_eq!(r.state(), BreakerState::Open);
+        assert!(matches!(
+            r.admit("a"),
+            Err(GatewayError::CircuitOpen { .. })
+        ));
+        std::thread::sleep(Duration::from_millis(60));
+        let probe = r.admit("a").expect("one probe after the open period");
+        assert_eq!(r.state(), BreakerState::HalfOpen);
+        drop(probe);
+        assert!(r.admit("a").is_err(), "only one probe at a time");
+        r.record(false);
+        assert_eq!(r.state(), BreakerState::Open, "a failed probe reopens");
+        std::thread::sleep(Duration::from_millis(60));
+        drop(r.admit("a").unwrap());
+        r.record(true);
+        assert_eq!(r.state(), BreakerState::Closed);
+        assert!(r.admit("a").is_ok());
+    }
+
+    #[test]
+    fn concurrency_limit_and_retry_budget() {
+        let r = Resilience::new(&cfg(0, 50));
+        let held = r.admit("a").unwrap();
+        assert!(matches!(r.admit("a"), Err(GatewayError::Overloaded { .. })));
+        drop(held);
+        assert!(r.admit("a").is_ok());
+        // retries = 1 by default: one retry per request, and the budget runs out.
+        assert!(!r.take_retry(1));
+        let spent = (0..20).filter(|_| r.take_retry(0)).count();
+        assert_eq!(spent, 10, "the budget allows ten retries without successes");
+    }
+}

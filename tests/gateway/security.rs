@@ -1,0 +1,682 @@
+//! Security: authentication (API keys, JWT HS256/RS256/ES256), Protected Resource Metadata,
+//! team authorization (allow_teams, tool allow/deny checked against the body), upstream
+//! credentials, rate limits and request limits. Real gateway, real mock backend, real sockets.
+
+use base64::Engine;
+use ring::rand::SystemRandom;
+use ring::signature::{self, KeyPair};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::mock::MockMcp;
+use crate::common::{Gateway, mcp, mcp_with, modern_body, modern_headers, send};
+
+const ALICE: &str = "alice-key-0123456789abcdef";
+const BOB: &str = "bob-key-0123456789abcdef00";
+const HS_SECRET: &[u8] = b"a-test-hmac-secret-of-32-bytes!!";
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A compact JWS over `claims`, signed by `sign`.
+fn mint(alg: &str, kid: &str, claims: &Value, sign: impl Fn(&[u8]) -> Vec<u8>) -> String {
+    let head = b64(json!({"alg": alg, "kid": kid, "typ": "JWT"})
+        .to_string()
+        .as_bytes());
+    let body = b64(claims.to_string().as_bytes());
+    let signed = format!("{head}.{body}");
+    let sig = sign(signed.as_bytes());
+    format!("{signed}.{}", b64(&sig))
+}
+
+/// Signing keys for the three algorithms, and the JWKS that publishes them.
+struct Keys {
+    es: signature::EcdsaKeyPair,
+    rsa: signature::RsaKeyPair,
+    rng: SystemRandom,
+}
+
+impl Keys {
+    fn new() -> Keys {
+        let rng = SystemRandom::new();
+        let pk8 = signature::EcdsaKeyPair::generate_pkcs8(
+            &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            &rng,
+        )
+        .unwrap();
+        let es = signature::EcdsaKeyPair::from_pkcs8(
+            &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            pk8.as_ref(),
+            &rng,
+        )
+        .unwrap();
+        let rsa =
+            signature::RsaKeyPair::from_pkcs8(include_bytes!("fixtures/jwt-test-rsa2048.pk8"))
+                .unwrap();
+        Keys { es, rsa, rng }
+    }
+
+    fn jwks(&self) -> Value {
+        let point = self.es.public_key().as_ref();
+        let rsa = signature::RsaPublicKeyComponents::<Vec<u8>>::from(self.rsa.public());
+        json!({"keys": [
+            {"kty": "oct", "kid": "hs", "k": b64(HS_SECRET)},
+            {"kty": "EC", "kid": "es", "crv": "P-256", "x": b64(&point[1..33]), "y": b64(&point[33..65])},
+            {"kty": "RSA", "kid": "rs",
+             "n": b64(&rsa.n), "e": b64(&rsa.e)},
+        ]})
+    }
+
+    fn hs(&self, claims: &Value) -> String {
+        mint("HS256", "hs", claims, |m| {
+            ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, HS_SECRET), m)
+                .as_ref()
+                .to_vec()
+        })
+    }
+
+    fn es(&self, claims: &Value) -> String {
+        mint("ES256", "es", claims, |m| {
+            self.es.sign(&self.rng, m).unwrap().as_ref().to_vec()
+        })
+    }
+
+    fn rs(&self, claims: &Value) -> String {
+        mint("RS256", "rs", claims, |m| {
+            let mut sig = vec![0; self.rsa.public().modulus_len()];
+            self.rsa
+                .sign(&signature::RSA_PKCS1_SHA256, &self.rng, m, &mut sig)
+                .unwrap();
+            sig
+        })
+    }
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+async fn list_as(url: &str, auth: &str) -> crate::common::Resp {
+    mcp_with(
+        url,
+        json!(1),
+        "tools/list",
+        json!({}),
+        &[("authorization", auth)],
+    )
+    .await
+}
+
+fn api_keys_config(mock_url: &str, extra: &str) -> String {
+    // Keys live in files (the env-var form is covered by config unit tests).
+    let dir = std::env::temp_dir().join(format!("portico-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("alice"), dir.join("bob"));
+    std::fs::write(&a, format!("{ALICE}\n")).unwrap();
+    std::fs::write(&b, BOB).unwrap();
+    let (a, b) = (a.display(), b.display());
+    format!(
+        r#"
+[auth]
+mode = "api_keys"
+public_url = "https://gw.example"
+authorization_servers = ["https://idp.example"]
+[[auth.api_keys]]
+key_file = "{a}"
+principal = "alice"
+team = "blue"
+[[auth.api_keys]]
+key_file = "{b}"
+principal = "bob"
+team = "red"
+{extra}
+[[backends]]
+name = "m"
+url = "{mock_url}"
+protocol = "modern"
+"#
+    )
+}
+
+#[tokio::test]
+async fn api_keys_refuse_missing_and_invalid_tokens_with_401() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&api_keys_config(&mock.url(), "")).await;
+    let url = gw.url("/mcp/m");
+
+    let missing = mcp(&url, json!(1), "tools/list", json!({})).await;
+    assert_eq!(missing.status, 401);
+    let www = missing.header("www-authenticate").unwrap();
+    assert_eq!(
+        www,
+        "Bearer resource_metadata=\"https://gw.example/.well-known/oauth-protected-resource/mcp/m\""
+    );
+    assert_eq!(missing.json()["error"]["code"], -32600);
+    // Refused before the body is read: the error carries no id.
+    assert_eq!(missing.json()["id"], Value::Null);
+
+    let wrong = list_as(&url, "Bearer not-a-configured-key-at-all").await;
+    assert_eq!(wrong.status, 401);
+    assert!(
+        wrong
+            .header("www-authenticate")
+            .unwrap()
+            .contains("error=\"invalid_token\"")
+    );
+    let basic = list_as(&url, &format!("Basic {ALICE}")).await;
+    assert_eq!(basic.status, 401);
+    assert_eq!(mock.count("tools/list"), 0, "nothing reached the backend");
+
+    let ok = list_as(&url, &bearer(ALICE)).await;
+    assert_eq!(ok.status, 200, "{:?}", ok.body);
+    assert_eq!(mock.count("tools/list"), 1);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn protected_resource_metadata_is_served_without_auth() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&api_keys_config(&mock.url(), "")).await;
+    let root = send(
+        "GET",
+        &gw.url("/.well-known/oauth-protected-resource"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(root.status, 200);
+    assert_eq!(root.json()["resource"], "https://gw.example");
+    assert_eq!(
+        root.json()["authorization_servers"],
+        json!(["https://idp.example"])
+    );
+    let per = send(
+        "GET",
+        &gw.url("/.well-known/oauth-protected-resource/mcp/m"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(per.status, 200);
+    assert_eq!(per.json()["resource"], "https://gw.example/mcp/m");
+    let none = send(
+        "GET",
+        &gw.url("/.well-known/oauth-protected-resource/mcp/nope"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(none.status, 404);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn jwt_checks_signature_expiry_audience_for_hs256_rs256_es256() {
+    let keys = Keys::new();
+    let dir = std::env::temp_dir().join(format!("portico-jwks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, keys.jwks().to_string()).unwrap();
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        r#"
+[auth]
+mode = "jwt"
+[auth.jwt]
+jwks_file = "{}"
+issuer = "https://idp.example"
+audience = "https://gw.example"
+team_claim = "grp"
+leeway_s = 5
+[[backends]]
+name = "m"
+url = "{}"
+protocol = "modern"
+"#,
+        jwks.display(),
+        mock.url()
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    let good = json!({"sub": "alice", "iss": "https://idp.example", "aud": ["https://gw.example"],
+                      "exp": now() + 300, "nbf": now() - 10, "grp": "blue"});
+    for (alg, token) in [
+        ("HS256", keys.hs(&good)),
+        ("ES256", keys.es(&good)),
+        ("RS256", keys.rs(&good)),
+    ] {
+        let r = list_as(&url, &bearer(&token)).await;
+        assert_eq!(r.status, 200, "{alg}: {:?}", r.body);
+        // A flipped signature byte.
+        let mut bad = token.clone().into_bytes();
+        let last = bad.len() - 3;
+        bad[last] = if bad[last] == b'A' { b'B' } else { b'A' };
+        let r = list_as(&url, &bearer(std::str::from_utf8(&bad).unwrap())).await;
+        assert_eq!(r.status, 401, "{alg} bad signature");
+    }
+    let mut expired = good.clone();
+    expired["exp"] = json!(now() - 60);
+    let mut future = good.clone();
+    future["nbf"] = json!(now() + 600);
+    let mut wrong_aud = good.clone();
+    wrong_aud["aud"] = json!("https://other.example");
+    let mut wrong_iss = good.clone();
+    wrong_iss["iss"] = json!("https://evil.example");
+    for (what, claims) in [
+        ("expired", expired),
+        ("not yet valid", future),
+        ("audience", wrong_aud),
+        ("issuer", wrong_iss),
+    ] {
+        let r = list_as(&url, &bearer(&keys.es(&claims))).await;
+        assert_eq!(r.status, 401, "{what}");
+        assert!(
+            r.header("www-authenticate")
+                .unwrap()
+                .starts_with("Bearer resource_metadata=")
+        );
+    }
+    // alg=none and a token signed with an HMAC key pretending to be the RSA key id.
+    let none = format!(
+        "{}.{}.",
+        b64(br#"{"alg":"none"}"#),
+        b64(good.to_string().as_bytes())
+    );
+    assert_eq!(list_as(&url, &bearer(&none)).await.status, 401);
+    let confused = mint("HS256", "rs", &good, |m| {
+        ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"guess"), m)
+            .as_ref()
+            .to_vec()
+    });
+    assert_eq!(list_as(&url, &bearer(&confused)).await.status, 401);
+    assert_eq!(
+        mock.count("tools/list"),
+        3,
+        "only the three good tokens got through"
+    );
+    gw.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const TEAMS: &str = r#"
+[[auth.teams]]
+name = "blue"
+tools.allow = ["echo", "whoami"]
+[[auth.teams]]
+name = "red"
+tools.allow = ["add"]
+"#;
+
+fn tool_names(r: &crate::common::Resp) -> Vec<String> {
+    r.result()["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_team_cannot_list_or_call_another_teams_tools_even_with_a_forged_name() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&api_keys_config(&mock.url(), TEAMS)).await;
+    let url = gw.url("/mcp/m");
+    let alice = bearer(ALICE);
+    let bob = bearer(BOB);
+
+    assert_eq!(tool_names(&list_as(&url, &alice).await), ["echo", "whoami"]);
+    assert_eq!(tool_names(&list_as(&url, &bob).await), ["add"]);
+
+    let call = |who: &'static str, tool: &'static str| {
+        let url = url.clone();
+        let auth = if who == "alice" {
+            alice.clone()
+        } else {
+            bob.clone()
+        };
+        async move {
+            mcp_with(
+                &url,
+                json!(7),
+                "tools/call",
+                json!({"name": tool, "arguments": {"a": 1, "b": 2, "text": "hi"}}),
+                &[("authorization", &auth)],
+            )
+            .await
+        }
+    };
+    assert_eq!(call("alice", "echo").await.status, 200);
+    let denied = call("alice", "add").await;
+    assert_eq!(denied.status, 403);
+    assert_eq!(denied.json()["id"], 7);
+    assert_eq!(call("bob", "echo").await.status, 403);
+    assert_eq!(call("bob", "add").await.status, 200);
+    assert_eq!(
+        mock.count("tools/call"),
+        2,
+        "denied calls never reach the backend"
+    );
+
+    // Forged Mcp-Name: the header names an allowed tool, the body the forbidden one.
+    let mut h = modern_headers("tools/call", Some("echo"));
+    h.push(("authorization", &alice));
+    let body = modern_body(
+        json!(8),
+        "tools/call",
+        json!({"name": "add", "arguments": {}}),
+    );
+    let forged = send("POST", &url, &h, body).await;
+    assert!(
+        forged.status == 400 || forged.status == 403,
+        "forged header refused: {}",
+        forged.status
+    );
+    assert_eq!(
+        mock.count("tools/call"),
+        2,
+        "the forged call never reached the backend"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn allow_teams_and_team_headers_and_the_client_token_never_reaches_the_backend() {
+    let mock = MockMcp::modern().start().await;
+    let cfg = api_keys_config(&mock.url(), "").replace(
+        "protocol = \"modern\"",
+        "protocol = \"modern\"\nallow_teams = [\"blue\"]\nheaders = { Authorization = \"Bearer upstream-static\" }\nteam_headers = { blue = { Authorization = \"Bearer upstream-blue\" } }",
+    );
+    let gw = Gateway::start(&cfg).await;
+    let url = gw.url("/mcp/m");
+    // bob (red) may not use the backend at all.
+    let r = list_as(&url, &bearer(BOB)).await;
+    assert_eq!(r.status, 403);
+    // alice's call goes through with the blue team's upstream credential, on the pass-through
+    // path (no tool policy) and on the message path (tools/call with an SSE answer).
+    let r = list_as(&url, &bearer(ALICE)).await;
+    assert_eq!(r.status, 200);
+    let who = mcp_with(
+        &url,
+        json!(2),
+        "tools/call",
+        json!({"name": "whoami", "arguments": {}}),
+        &[("authorization", &bearer(ALICE))],
+    )
+    .await;
+    assert_eq!(who.status, 200);
+    assert_eq!(
+        who.result()["result"]["content"][0]["text"],
+        "Bearer upstream-blue"
+    );
+    let seen = mock.seen();
+    assert!(!seen.is_empty());
+    for s in seen {
+        for v in s.headers.values() {
+            let v = v.to_str().unwrap_or("");
+            assert!(
+                !v.contains(ALICE) && !v.contains(BOB),
+                "client token leaked upstream"
+            );
+        }
+        assert_eq!(s.headers["authorization"], "Bearer upstream-blue");
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn mode_none_also_never_forwards_the_client_authorization() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+        mock.url()
+    ))
+    .await;
+    let who = mcp_with(
+        &gw.url("/mcp/m"),
+        json!(2),
+        "tools/call",
+        json!({"name": "whoami", "arguments": {}}),
+        &[("authorization", "Bearer client-secret")],
+    )
+    .await;
+    assert_eq!(who.result()["result"]["content"][0]["text"], "none");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_private_list_for_alice_is_never_served_to_bob() {
+    let mock = MockMcp::modern()
+        .ttl_ms(Some(60_000))
+        .cache_scope(Some("private"))
+        .start()
+        .await;
+    let gw = Gateway::start(&api_keys_config(&mock.url(), "")).await;
+    let url = gw.url("/mcp/m");
+    assert_eq!(list_as(&url, &bearer(ALICE)).await.status, 200);
+    assert_eq!(list_as(&url, &bearer(ALICE)).await.status, 200);
+    let before = mock.count("tools/list");
+    assert_eq!(list_as(&url, &bearer(BOB)).await.status, 200);
+    assert_eq!(
+        mock.count("tools/list"),
+        before + 1,
+        "bob's private list came from the backend, not from alice's entry"
+    );
+    // The partition is the principal, not the token spelling.
+    let alice = portico::auth::Principal {
+        id: "alice".into(),
+        team: None,
+    };
+    let bob = portico::auth::Principal {
+        id: "bob".into(),
+        team: None,
+    };
+    let h = http::HeaderMap::new();
+    assert_ne!(
+        portico::auth::partition(Some(&alice), &h),
+        portico::auth::partition(Some(&bob), &h)
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn rate_limit_answers_429_with_retry_after_per_principal() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&api_keys_config(
+        &mock.url(),
+        "[auth.rate_limit]\nper_second = 0.5\nburst = 2\n",
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    assert_eq!(list_as(&url, &bearer(ALICE)).await.status, 200);
+    assert_eq!(list_as(&url, &bearer(ALICE)).await.status, 200);
+    let limited = list_as(&url, &bearer(ALICE)).await;
+    assert_eq!(limited.status, 429);
+    let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry), "retry-after {retry}");
+    assert_eq!(limited.json()["error"]["code"], -32600);
+    // bob has his own bucket.
+    assert_eq!(list_as(&url, &bearer(BOB)).await.status, 200);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn mode_none_is_refused_on_a_public_listener() {
+    let cfg = "[server]\nlisten = \"0.0.0.0:8787\"\n[[backends]]\nname='a'\nbuiltin='demo'\n";
+    let err = portico::config::validate(portico::config::parse(cfg).unwrap()).unwrap_err();
+    assert!(err.to_string().starts_with("auth.mode:"), "{err}");
+    let forced = format!("{cfg}[auth]\nallow_insecure_none = true\n");
+    assert!(portico::config::validate(portico::config::parse(&forced).unwrap()).is_ok());
+}
+
+#[tokio::test]
+async fn a_slowloris_connection_is_closed_after_the_header_timeout() {
+    let gw = Gateway::start(
+        "[server]\nheader_read_timeout_ms = 300\n[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n",
+    )
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(b"POST /mcp/demo HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut buf = Vec::new();
+    // Keep dribbling one byte at a time; the server must still close the connection.
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let mut chunk = [0u8; 512];
+            tokio::select! {
+                n = tcp.read(&mut chunk) => match n {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                },
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {
+                    if tcp.write_all(b"a").await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the connection stayed open");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let text = String::from_utf8_lossy(&buf);
+    assert!(
+        text.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_with_413() {
+    let gw = Gateway::start(
+        "[server]\nmax_body_bytes = 1024\n[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n",
+    )
+    .await;
+    let big = "x".repeat(2048);
+    let r = mcp(
+        &gw.url("/mcp/demo"),
+        json!(1),
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": big}}),
+    )
+    .await;
+    assert_eq!(r.status, 413);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn max_concurrent_refuses_the_excess_with_503() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\nmax_concurrent = 1\n",
+        mock.url()
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    let slow_url = url.clone();
+    let slow = tokio::spawn(async move {
+        mcp(
+            &slow_url,
+            json!(1),
+            "tools/call",
+            json!({"name": "slow", "arguments": {"ms": 1500}}),
+        )
+        .await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while mock.count("tools/call") == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let excess = mcp(&url, json!(2), "tools/list", json!({})).await;
+    assert_eq!(excess.status, 503);
+    assert_eq!(excess.json()["error"]["code"], -32603);
+    assert!(excess.header("retry-after").is_some());
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(
+        mcp(&url, json!(3), "tools/list", json!({})).await.status,
+        200
+    );
+    gw.stop().await;
+}
+
+/// A one-route HTTP server for a JWKS document that can be swapped (key rotation).
+async fn jwks_server(doc: Arc<Mutex<String>>) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = l.accept().await {
+            let doc = doc.lock().unwrap().clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                let _ = tcp.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
+                    doc.len()
+                );
+                let _ = tcp.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn jwks_url_is_fetched_and_refreshed() {
+    let keys = Keys::new();
+    let mut only_rsa = keys.jwks();
+    only_rsa["keys"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|k| k["kid"] == "rs");
+    let doc = Arc::new(Mutex::new(only_rsa.to_string()));
+    let addr = jwks_server(doc.clone()).await;
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_url = \"http://{addr}/jwks\"\njwks_refresh_ms = 1000\n{}",
+        format_args!("[[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n", mock.url())
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    let claims = json!({"sub": "carol", "exp": now() + 300});
+    let until = |want: u16, token: String| {
+        let url = url.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(8);
+            loop {
+                let s = list_as(&url, &bearer(&token)).await.status;
+                if s == want {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still {s}, want {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    until(200, keys.rs(&claims)).await;
+    assert_eq!(list_as(&url, &bearer(&keys.es(&claims))).await.status, 401);
+    // Rotation: the EC key is published, the RSA key withdrawn.
+    let mut only_ec = keys.jwks();
+    only_ec["keys"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|k| k["kid"] == "es");
+    *doc.lock().unwrap() = only_ec.to_string();
+    until(200, keys.es(&claims)).await;
+    assert_eq!(list_as(&url, &bearer(&keys.rs(&claims))).await.status, 401);
+    gw.stop().await;
+}
