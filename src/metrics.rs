@@ -141,6 +141,10 @@ impl Metrics {
             &["result"],
         )
         .expect("static metric definition");
+        // Both series exist from the start, so dashboards and alerts see 0, not "no data".
+        for result in ["ok", "invalid"] {
+            reloads.with_label_values(&[result]);
+        }
         for c in [
             Box::new(requests.clone()) as Box<dyn Collector>,
             Box::new(errors.clone()),

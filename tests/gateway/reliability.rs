@@ -158,7 +158,7 @@ async fn hot_reload_then_drain_under_load_loses_no_request() {
 
 #[tokio::test]
 async fn a_killed_backend_fails_fast_opens_the_breaker_and_it_closes_again() {
-    let mock = MockMcp::modern().start().await;
+    let mock = MockMcp::modern().ttl_ms(None).start().await;
     let mock_addr = mock.addr;
     let gw = crate::common::Gateway::start(&format!(
         "{}timeout_ms = 2000\nbreaker_failures = 3\nbreaker_open_ms = 300\n",
@@ -213,7 +213,7 @@ async fn a_killed_backend_fails_fast_opens_the_breaker_and_it_closes_again() {
     // The backend comes back on the same port: after the open period one probe goes through
     // and the breaker closes.
     let listener = tokio::net::TcpListener::bind(mock_addr).await.unwrap();
-    let mock = MockMcp::modern().start_on(listener).await;
+    let mock = MockMcp::modern().ttl_ms(None).start_on(listener).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if mcp(&url, json!(10), "tools/list", json!({})).await.status == 200 {
