@@ -8,6 +8,12 @@ use std::process::ExitCode;
 
 use portico::config::{self, LogFormat};
 
+/// mimalloc instead of glibc malloc: the request path allocates a few dozen small objects per
+/// request (header maps, buffers, futures) and glibc's allocator showed up at ~8 % of portico's
+/// CPU in profiles; mimalloc's thread-local free lists make those allocations cheap.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const USAGE: &str = "\
 usage: portico --config FILE          run the gateway
        portico --check --config FILE  validate the config and exit
