@@ -12,11 +12,21 @@ use crate::protocol::RequestId;
 /// Freshness and the stale-if-error window are each clamped to this. It keeps `Instant`
 /// arithmetic far from overflow (which would panic) and moka's expiry well inside its limits,
 /// whatever the config says; a list cached for over a year is a configuration mistake anyway.
-const MAX_WINDOW: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(super) const MAX_WINDOW: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Bytes charged per entry on top of its body: the 32-byte key, the `Entry` struct, and moka's
 /// own per-entry bookkeeping (an estimate; it only has to keep many tiny entries from looking free).
 const ENTRY_OVERHEAD_BYTES: usize = 160;
+
+/// The decoded `uri` of a `resources/read` request (its params are the URI as a JSON string).
+pub(super) fn read_uri(input: &KeyInput<'_>) -> Option<String> {
+    if input.method != "resources/read" {
+        return None;
+    }
+    input
+        .params
+        .and_then(|p| serde_json::from_str::<String>(p).ok())
+}
 
 /// One stored result.
 #[derive(Debug)]
@@ -48,14 +58,7 @@ impl Entry {
         let stale_until = fresh_until
             .checked_add(stale.min(MAX_WINDOW))
             .unwrap_or(fresh_until);
-        let uri = (input.method == "resources/read")
-            .then(|| {
-                input
-                    .params
-                    .and_then(|p| serde_json::from_str::<String>(p).ok())
-            })
-            .flatten()
-            .map(String::into_boxed_str);
+        let uri = read_uri(input).map(String::into_boxed_str);
         Entry {
             backend: input.backend.into(),
             method: input.method.into(),

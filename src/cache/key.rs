@@ -69,6 +69,13 @@ pub enum KeyScope<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey([u8; 32]);
 
+impl CacheKey {
+    /// The digest (for the shared tier's key names).
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
 /// The cache key for `input` in `scope`. Pure.
 ///
 /// **A wrong key is a data leak.** Two requests get the same key only if serving one's answer to
@@ -121,16 +128,16 @@ pub fn cache_key(input: &KeyInput<'_>, scope: KeyScope<'_>) -> CacheKey {
 }
 
 /// SHA-256 over a domain tag and a sequence of length-prefixed fields.
-struct KeyHasher(digest::Context);
+pub(super) struct KeyHasher(digest::Context);
 
 impl KeyHasher {
-    fn new(domain: &[u8]) -> KeyHasher {
+    pub(super) fn new(domain: &[u8]) -> KeyHasher {
         let mut h = KeyHasher(digest::Context::new(&digest::SHA256));
         h.field(domain);
         h
     }
 
-    fn field(&mut self, bytes: &[u8]) {
+    pub(super) fn field(&mut self, bytes: &[u8]) {
         self.0.update(&(bytes.len() as u64).to_le_bytes());
         self.0.update(bytes);
     }
@@ -151,7 +158,7 @@ impl KeyHasher {
         }
     }
 
-    fn finish(self) -> [u8; 32] {
+    pub(super) fn finish(self) -> [u8; 32] {
         let mut out = [0u8; 32];
         // SHA-256 output is always 32 bytes, so this copy cannot panic.
         out.copy_from_slice(self.0.finish().as_ref());

@@ -25,6 +25,7 @@ mod classify;
 mod entry;
 mod json;
 mod key;
+mod redis;
 
 pub use classify::{Decision, Scope, Uncacheable, classify};
 pub use entry::Entry;
@@ -68,6 +69,19 @@ pub struct CacheStats {
     /// count an entry that is already expired or invalidated.
     pub entries: u64,
     pub bytes: u64,
+    /// Shared tier (`redis_url`): local misses answered from Redis.
+    pub redis_hits: u64,
+    /// Shared tier: Redis answered, but had nothing usable (absent, invalidated, expired).
+    pub redis_misses: u64,
+    /// Shared tier: records written.
+    pub redis_writes: u64,
+    /// Shared tier: calls that failed or overran `redis_timeout_ms` (each one was answered
+    /// without Redis).
+    pub redis_errors: u64,
+    /// Invalidations this replica announced to the others.
+    pub redis_published: u64,
+    /// Invalidations received from other replicas and applied to the local tier.
+    pub redis_received: u64,
 }
 
 #[derive(Default)]
@@ -82,6 +96,12 @@ struct Counters {
     /// Signed: the eviction listener subtracts, and must never wrap to a huge value.
     entries: AtomicI64,
     bytes: AtomicI64,
+    redis_hits: AtomicU64,
+    redis_misses: AtomicU64,
+    redis_writes: AtomicU64,
+    redis_errors: AtomicU64,
+    redis_published: AtomicU64,
+    redis_received: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -102,6 +122,8 @@ pub struct Fetched {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Hit,
+    /// A local miss answered from the shared (Redis) tier.
+    SharedHit,
     /// This caller's fetch (stored or not).
     Miss,
     /// Another caller's concurrent fetch.
@@ -117,6 +139,7 @@ impl Outcome {
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Hit => "hit",
+            Outcome::SharedHit => "shared_hit",
             Outcome::Miss => "miss",
             Outcome::Coalesced => "coalesced",
             Outcome::Stale => "stale",
@@ -177,15 +200,84 @@ pub struct Cache {
     max_ttl_ms: u64,
     max_bytes: u64,
     stale_if_error: Duration,
-    store: moka::future::Cache<CacheKey, Arc<Entry>>,
+    /// Whether entries are kept in this process (`[cache] local`); with `false`, only Redis.
+    keep_local: bool,
+    /// The in-process tier; shared with the Redis subscriber, which applies other replicas'
+    /// invalidations to it.
+    local: Arc<Local>,
+    /// The Redis tier, when `redis_url` is set.
+    shared: Option<redis::Shared>,
     /// In-flight fetches by private key: the flight id (so a finished leader only ever removes
     /// its own flight) and a receiver waiters clone. Locked briefly, never across an await.
     flights: Mutex<HashMap<CacheKey, (u64, watch::Receiver<Slot>)>>,
     next_flight: AtomicU64,
+    counters: Arc<Counters>,
+}
+
+/// The in-process tier.
+struct Local {
+    store: moka::future::Cache<CacheKey, Arc<Entry>>,
     /// Bumped by every invalidation. A fetch that saw another value before it started is not
     /// stored, and a stale entry looked up before it is not served: both may predate the change.
     epoch: AtomicU64,
-    counters: Arc<Counters>,
+}
+
+/// What an invalidation covers. Also the payload of the shared tier's invalidation channel.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Invalidation {
+    /// Every entry of `backend` + `method`: all partitions, all cursors.
+    Method { backend: String, method: String },
+    /// The `resources/read` entries of `backend` for `uri`.
+    Resource { backend: String, uri: String },
+    /// Every entry of `backend`.
+    Backend { backend: String },
+    /// Everything.
+    All,
+}
+
+impl Invalidation {
+    fn matches(&self, e: &Entry) -> bool {
+        match self {
+            Invalidation::Method { backend, method } => {
+                *e.backend == **backend && *e.method == **method
+            }
+            Invalidation::Resource { backend, uri } => {
+                *e.backend == **backend
+                    && &*e.method == "resources/read"
+                    && e.uri.as_deref() == Some(uri.as_str())
+            }
+            Invalidation::Backend { backend } => *e.backend == **backend,
+            Invalidation::All => true,
+        }
+    }
+}
+
+impl Local {
+    /// Drops what `what` covers. moka applies the predicate to every later `get` at once and
+    /// removes the entries during maintenance; either way no lookup that starts after this
+    /// returns can see them.
+    fn apply(&self, what: &Invalidation) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if *what == Invalidation::All {
+            self.store.invalidate_all();
+            return;
+        }
+        let what = what.clone();
+        if let Err(error) = self
+            .store
+            .invalidate_entries_if(move |_key, entry| what.matches(entry))
+        {
+            // Only possible if the builder lost `support_invalidation_closures`. Dropping too
+            // much is safe; serving invalidated data is not.
+            tracing::warn!(message = "cache predicate rejected; purging everything", %error);
+            self.store.invalidate_all();
+        }
+    }
+
+    fn purge(&self) {
+        self.apply(&Invalidation::All);
+    }
 }
 
 impl fmt::Debug for Cache {
@@ -265,15 +357,34 @@ impl Cache {
                 }
             })
             .build();
+        let local = Arc::new(Local {
+            store,
+            epoch: AtomicU64::new(0),
+        });
+        let shared = match (&cfg.redis_url, cfg.enabled) {
+            (Some(url), true) => {
+                match redis::Shared::start(cfg, url, Arc::downgrade(&local), Arc::clone(&counters))
+                {
+                    Ok(shared) => Some(shared),
+                    Err(error) => {
+                        // `config::validate` opened this URL already; only a client bug lands here.
+                        tracing::warn!(kind = ?error.kind(), "redis tier disabled: bad redis_url");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         Cache {
             enabled: cfg.enabled,
             max_ttl_ms: cfg.max_ttl_ms,
             max_bytes: cfg.max_bytes,
             stale_if_error: Duration::from_millis(cfg.stale_if_error_ms),
-            store,
+            keep_local: cfg.local || shared.is_none(),
+            local,
+            shared,
             flights: Mutex::new(HashMap::new()),
             next_flight: AtomicU64::new(0),
-            epoch: AtomicU64::new(0),
             counters,
         }
     }
@@ -327,7 +438,7 @@ impl Cache {
         let private = cache_key(key, KeyScope::Private(partition));
 
         let (flight, stale, epoch) = loop {
-            let epoch = self.epoch.load(Ordering::SeqCst);
+            let epoch = self.local.epoch.load(Ordering::SeqCst);
             let found = self.lookup(&public, &private).await;
             if let Some(entry) = found.fresh {
                 bump(&self.counters.hits);
@@ -361,6 +472,28 @@ impl Cache {
             }
         };
 
+        // The shared tier, inside the flight: one Redis lookup per key per replica, however many
+        // callers wait. Its generations are what a write after the fetch will be tagged with.
+        let mut stale = stale;
+        let mut gens = None;
+        if let Some(shared) = &self.shared {
+            let found = shared.lookup(key, &public, &private).await;
+            // An invalidation while Redis answered may postdate the record: don't trust it.
+            if self.local.epoch.load(Ordering::SeqCst) == epoch {
+                if let Some((scope, entry)) = found.fresh {
+                    let local_key = match scope {
+                        Scope::Public => public,
+                        Scope::Private => private,
+                    };
+                    self.store_entry(local_key, &entry, epoch).await;
+                    flight.finish(Published::Entry(Arc::clone(&entry)));
+                    return Ok(Served::entry(&entry, id, Outcome::SharedHit));
+                }
+                stale = stale.or(found.stale);
+                gens = found.gens;
+            }
+        }
+
         bump(&self.counters.misses);
         let fetched = match fetch().await {
             Ok(fetched) => fetched,
@@ -392,7 +525,16 @@ impl Cache {
                 };
                 self.store_entry(store_key, &entry, epoch).await;
                 flight.finish(Published::Entry(Arc::clone(&entry)));
-                Ok(Served::entry(&entry, id, Outcome::Miss))
+                let served = Served::entry(&entry, id, Outcome::Miss);
+                if let (Some(shared), Some(gens)) = (&self.shared, gens)
+                    && u64::from(entry.weight()) <= self.max_bytes
+                    && self.local.epoch.load(Ordering::SeqCst) == epoch
+                {
+                    // After the waiters are answered; bounded by `redis_timeout_ms`. Awaited
+                    // (not spawned) so a replica's next request already finds the record.
+                    shared.store(&store_key, scope, &gens, &entry).await;
+                }
+                Ok(served)
             }
             Decision::NotCacheable(_) => {
                 let served = Served::passed(fetched.status, &fetched.message, id, Outcome::Miss);
@@ -409,7 +551,7 @@ impl Cache {
         let now = Instant::now();
         let mut stale = None;
         for key in [public, private] {
-            if let Some(entry) = self.store.get(key).await {
+            if let Some(entry) = self.local.store.get(key).await {
                 if entry.is_fresh(now) {
                     return Found {
                         fresh: Some(entry),
@@ -481,7 +623,7 @@ impl Cache {
         match stale {
             Some(entry)
                 if entry.is_stale_servable(Instant::now())
-                    && self.epoch.load(Ordering::SeqCst) == epoch =>
+                    && self.local.epoch.load(Ordering::SeqCst) == epoch =>
             {
                 Ok(self.serve_stale(&entry, id))
             }
@@ -497,7 +639,10 @@ impl Cache {
 
     async fn store_entry(&self, key: CacheKey, entry: &Arc<Entry>, epoch: u64) {
         let weight = entry.weight();
-        if u64::from(weight) > self.max_bytes || self.epoch.load(Ordering::SeqCst) != epoch {
+        if !self.keep_local
+            || u64::from(weight) > self.max_bytes
+            || self.local.epoch.load(Ordering::SeqCst) != epoch
+        {
             return;
         }
         // Counted before the insert, so the listener's decrement for this entry can never run first.
@@ -506,58 +651,59 @@ impl Cache {
             .bytes
             .fetch_add(i64::from(weight), Ordering::Relaxed);
         bump(&self.counters.inserts);
-        self.store.insert(key, Arc::clone(entry)).await;
+        self.local.store.insert(key, Arc::clone(entry)).await;
         // An invalidation registered while the insert ran may not cover it (moka applies a
         // predicate only to entries written before it): take the entry back out.
-        if self.epoch.load(Ordering::SeqCst) != epoch {
-            self.store.invalidate(&key).await;
+        if self.local.epoch.load(Ordering::SeqCst) != epoch {
+            self.local.store.invalidate(&key).await;
         }
     }
 
     // === Invalidation ===
 
     /// Drops every entry of `backend` + `method`: all partitions, all cursors, public and
-    /// private. For list-changed notifications, and for an invalid-cursor error (digest §3: throw
-    /// every page away).
+    /// private, on every replica. For list-changed notifications, and for an invalid-cursor
+    /// error (digest §3: throw every page away).
     pub fn invalidate(&self, backend: &str, method: &str) {
-        let (backend, method) = (backend.to_owned(), method.to_owned());
-        self.invalidate_if(move |e| *e.backend == *backend && *e.method == *method);
-    }
-
-    /// Drops the `resources/read` entries of `backend` for `uri` (a resource-updated notification).
-    pub fn invalidate_resource(&self, backend: &str, uri: &str) {
-        let (backend, uri) = (backend.to_owned(), uri.to_owned());
-        self.invalidate_if(move |e| {
-            *e.backend == *backend
-                && &*e.method == "resources/read"
-                && e.uri.as_deref() == Some(&*uri)
+        self.everywhere(Invalidation::Method {
+            backend: backend.to_owned(),
+            method: method.to_owned(),
         });
     }
 
-    /// Drops every entry of `backend` (e.g. it was reconfigured or its session was lost).
+    /// Drops the `resources/read` entries of `backend` for `uri` (a resource-updated
+    /// notification), on every replica.
+    pub fn invalidate_resource(&self, backend: &str, uri: &str) {
+        self.everywhere(Invalidation::Resource {
+            backend: backend.to_owned(),
+            uri: uri.to_owned(),
+        });
+    }
+
+    /// Drops every entry of `backend` on every replica (e.g. its change stream was broken, so
+    /// changes may have been missed, or an operator asked).
     pub fn purge_backend(&self, backend: &str) {
-        let backend = backend.to_owned();
-        self.invalidate_if(move |e| *e.backend == *backend);
+        self.everywhere(Invalidation::Backend {
+            backend: backend.to_owned(),
+        });
     }
 
-    /// Drops everything.
+    /// Drops everything *in this replica* only: a config reload here says nothing about the
+    /// data the other replicas (or Redis) hold.
     pub fn purge_all(&self) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        self.store.invalidate_all();
+        self.local.purge();
     }
 
-    /// moka applies the predicate to every later `get` at once and removes the entries during
-    /// maintenance; either way no lookup that starts after this returns can see them.
-    fn invalidate_if(&self, predicate: impl Fn(&Entry) -> bool + Send + Sync + 'static) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        if let Err(error) = self
-            .store
-            .invalidate_entries_if(move |_key, entry| predicate(entry))
-        {
-            // Only possible if the builder lost `support_invalidation_closures`. Dropping too
-            // much is safe; serving invalidated data is not.
-            tracing::warn!(message = "cache predicate rejected; purging everything", %error);
-            self.store.invalidate_all();
+    /// Drops everything on every replica and in Redis (an operator's purge).
+    pub fn purge_all_replicas(&self) {
+        self.everywhere(Invalidation::All);
+    }
+
+    /// Applies `what` here at once, then (in the background) to Redis and the other replicas.
+    fn everywhere(&self, what: Invalidation) {
+        self.local.apply(&what);
+        if let Some(shared) = &self.shared {
+            shared.announce(what);
         }
     }
 
@@ -576,13 +722,19 @@ impl Cache {
             evictions: load(&c.evictions),
             entries: gauge(&c.entries),
             bytes: gauge(&c.bytes),
+            redis_hits: load(&c.redis_hits),
+            redis_misses: load(&c.redis_misses),
+            redis_writes: load(&c.redis_writes),
+            redis_errors: load(&c.redis_errors),
+            redis_published: load(&c.redis_published),
+            redis_received: load(&c.redis_received),
         }
     }
 
     /// Runs moka's pending maintenance (expiry, eviction, invalidation sweeps) now, so
     /// [`Cache::stats`] settles. Optional: moka also runs it as the cache is used.
     pub async fn run_pending_tasks(&self) {
-        self.store.run_pending_tasks().await;
+        self.local.store.run_pending_tasks().await;
     }
 }
 

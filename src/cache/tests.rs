@@ -12,6 +12,7 @@ fn cfg(max_ttl_ms: u64, stale_if_error_ms: u64, max_bytes: u64) -> CacheConfig {
         max_ttl_ms,
         max_bytes,
         stale_if_error_ms,
+        ..CacheConfig::default()
     }
 }
 
