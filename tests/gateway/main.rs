@@ -8,4 +8,5 @@ mod common;
 mod core;
 mod interop;
 mod legacy;
+mod redis;
 mod stdio;
