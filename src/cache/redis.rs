@@ -19,9 +19,13 @@
 //! backend, its backend + method, and for `resources/read` its URI) as they were read *before*
 //! the fetch; a lookup reads the record and the current generations in one `MULTI` and treats any
 //! difference as a miss. Invalidating is one `INCR` — no `SCAN`, no tag sets — and a fetch that
-//! raced an invalidation anywhere is stored dead on arrival. A generation key expires
-//! [`GEN_MARGIN`] after the longest any record can live, so it outlives every record that could
-//! have read it.
+//! raced an invalidation anywhere is stored dead on arrival.
+//!
+//! A generation key that does not exist is created with a random value (`SET NX`) before it is
+//! read or bumped, never from 0. So when one vanishes — expiry ([`GEN_MARGIN`] past the longest
+//! record life, refreshed by every bump) or Redis evicting it under `maxmemory` — its next life
+//! starts at a value no old record carries, and those records become misses instead of
+//! coming back to life.
 
 use ::redis::aio::ConnectionManager;
 use ::redis::{Client, RedisError};
@@ -163,8 +167,12 @@ impl Shared {
         let gens = gen_keys(&self.ns, input);
         let (pub_key, priv_key) = (self.entry_key(public), self.entry_key(private));
         let mut pipe = ::redis::pipe();
-        pipe.atomic()
-            .cmd("MGET")
+        pipe.atomic();
+        let seed = random_generation();
+        for key in &gens {
+            self.init_generation(&mut pipe, key, seed);
+        }
+        pipe.cmd("MGET")
             .arg(&pub_key)
             .arg(&priv_key)
             .arg(&gens)
@@ -182,10 +190,15 @@ impl Shared {
         let Some((records, current)) = values.split_first_chunk::<2>() else {
             return Found::default();
         };
-        let current: Gens = current
+        // Every generation exists (created above, in the same transaction); a missing or odd
+        // one means something else wrote there: trust nothing.
+        let Some(current) = current
             .iter()
-            .map(|v| v.as_deref().and_then(parse_int).unwrap_or(0))
-            .collect();
+            .map(|v| v.as_deref().and_then(parse_int))
+            .collect::<Option<Gens>>()
+        else {
+            return Found::default();
+        };
         let now = Instant::now();
         let mut found = Found::default();
         for (bytes, pttl, scope) in [
@@ -276,8 +289,9 @@ impl Shared {
             return;
         };
         let mut pipe = ::redis::pipe();
-        pipe.atomic()
-            .cmd("INCR")
+        pipe.atomic();
+        self.init_generation(&mut pipe, &gen_key, random_generation());
+        pipe.cmd("INCR")
             .arg(&gen_key)
             .ignore()
             .cmd("PEXPIRE")
@@ -316,6 +330,17 @@ impl Shared {
             }
             pending.fetch_sub(1, Ordering::SeqCst);
         });
+    }
+
+    /// Creates the generation `key` with `seed` unless it exists (see the module doc).
+    fn init_generation(&self, pipe: &mut ::redis::Pipeline, key: &str, seed: i64) {
+        pipe.cmd("SET")
+            .arg(key)
+            .arg(seed)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.gen_ttl_ms)
+            .ignore();
     }
 
     fn entry_key(&self, key: &CacheKey) -> String {
@@ -510,6 +535,20 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
+}
+
+/// A fresh generation's first value: random, and below 2^62 so `INCR` can never overflow.
+fn random_generation() -> i64 {
+    let mut bytes = [0u8; 8];
+    if SystemRandom::new().fill(&mut bytes).is_err() {
+        // Without randomness, the clock still differs from any earlier life of the key.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes = (nanos as u64).to_le_bytes();
+    }
+    i64::try_from(u64::from_le_bytes(bytes) >> 2).unwrap_or(1)
 }
 
 fn random_id() -> String {

@@ -469,3 +469,46 @@ async fn replicas_answer_while_redis_hangs_or_is_down_and_use_it_again_after() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// An invalidated record stays dead even when Redis loses the generation keys (expiry, or
+/// eviction under `maxmemory`): a recreated generation starts at a fresh random value.
+#[tokio::test]
+async fn an_invalidated_record_stays_dead_when_generations_vanish() {
+    let redis = RedisServer::start().await;
+    let toml = format!(
+        "[cache]\nredis_url = \"{}\"\nredis_timeout_ms = 1000\n",
+        redis.url()
+    );
+    let cfg = portico::config::validate(portico::config::parse(&toml).expect("parse"))
+        .expect("valid")
+        .cache;
+    let a = Cache::new(&cfg);
+    redis.wait_subscribers(1).await;
+    let calls = AtomicU64::new(0);
+    assert_eq!(get(&a, &calls).await, Outcome::Miss);
+    a.invalidate("m", "tools/list");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.stats().redis_published < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the invalidation never reached Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut c = redis.conn().await.expect("connect");
+    let gens: Vec<String> = redis::cmd("KEYS")
+        .arg("portico:v1:g:*")
+        .query_async(&mut c)
+        .await
+        .expect("KEYS");
+    assert_eq!(gens.len(), 3, "all, backend, method: {gens:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&gens)
+        .query_async(&mut c)
+        .await
+        .expect("DEL");
+    // A replica with an empty local tier: only Redis could answer, and must not.
+    let b = Cache::new(&cfg);
+    assert_eq!(get(&b, &calls).await, Outcome::Miss);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
