@@ -721,6 +721,31 @@ mod tests {
     }
 
     #[test]
+    fn cache_redis_keys() {
+        let c = check("[cache]\nredis_url = 'rediss://:pw@redis.example:6380/2'\n").unwrap();
+        assert_eq!(c.cache.redis_timeout_ms, DEFAULT_REDIS_TIMEOUT_MS);
+        assert_eq!(c.cache.redis_prefix, DEFAULT_REDIS_PREFIX);
+        assert!(c.cache.local);
+        let scheme = check("[cache]\nredis_url = 'http://:secret@x:1'\n").unwrap_err();
+        assert!(scheme.to_string().contains("cache.redis_url"), "{scheme}");
+        assert!(!scheme.to_string().contains("secret"), "{scheme}");
+        let env =
+            check("[cache]\nredis_url = 'redis://:${PORTICO_SURELY_UNSET_VAR}@x'\n").unwrap_err();
+        assert!(
+            env.to_string().contains("PORTICO_SURELY_UNSET_VAR"),
+            "{env}"
+        );
+        let local = check("[cache]\nlocal = false\n").unwrap_err();
+        assert!(local.to_string().contains("cache.local"), "{local}");
+        let timeout =
+            check("[cache]\nredis_url = 'redis://x'\nredis_timeout_ms = 0\n").unwrap_err();
+        assert!(
+            timeout.to_string().contains("cache.redis_timeout_ms"),
+            "{timeout}"
+        );
+    }
+
+    #[test]
     fn env_expansion() {
         // SAFETY of the test: PATH is always set in a test environment.
         let path = std::env::var("PATH").unwrap();
