@@ -91,7 +91,7 @@ pub(super) struct Shared {
     /// are, lookups skip Redis: a record read now might be one they are about to kill.
     pending: Arc<AtomicU64>,
     counters: Arc<Counters>,
-    /// Dropped with the cache: the subscriber and any retrying publisher stop.
+    /// Dropped with the cache: the subscriber stops.
     alive: watch::Sender<()>,
 }
 
@@ -306,8 +306,9 @@ impl Shared {
         let pending = Arc::clone(&self.pending);
         let counters = Arc::clone(&self.counters);
         let timeout = self.timeout;
+        // Not tied to this cache's life: a reload drops the cache, but the other replicas must
+        // still hear about the change.
         let give_up = Instant::now() + Duration::from_millis(self.gen_ttl_ms);
-        let mut alive = self.alive.subscribe();
         pending.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             let mut backoff = MIN_BACKOFF;
@@ -322,10 +323,7 @@ impl Shared {
                 if Instant::now() >= give_up {
                     break;
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = alive.changed() => break,
-                }
+                tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
             pending.fetch_sub(1, Ordering::SeqCst);
