@@ -1,12 +1,17 @@
 //! The shared list cache: `complete` results of the six cacheable methods (digest §3), kept for
 //! the server's `ttlMs` under a key that says whose data it is (`cacheScope`).
 //!
-//! Owns: what may be stored ([`classify`]), the key ([`cache_key`]), the moka store (per-entry
-//! expiry, a byte budget), single-flight coalescing of concurrent misses, stale-if-error,
-//! invalidation, and the counters ([`CacheStats`]).
-//! Must not: do IO of its own (the caller hands [`Cache::get_or_fetch`] a `fetch` future), build
-//! error responses (only `error.rs` does), or know metric names (it exposes numbers; `metrics.rs`
-//! names them).
+//! Two tiers: an in-process moka store in front, and optionally Redis (`[cache]
+//! redis_url`) shared by every replica; a local miss asks Redis (inside the single-flight leader)
+//! before the backend. Files: `classify` (what may be stored), `key` (partitions, the key),
+//! `entry` (one stored result), `json` (text surgery), `redis` (the shared tier), `tests`.
+//!
+//! Owns: the moka store (per-entry expiry, a byte budget), single-flight coalescing of
+//! concurrent misses, stale-if-error, invalidation (local at once, then Redis and the other
+//! replicas), and the counters ([`CacheStats`]).
+//! Must not: reach backends itself (the caller hands [`Cache::get_or_fetch`] a `fetch` future),
+//! build error responses (only `error.rs` does), or know metric names (it exposes numbers;
+//! `metrics.rs` names them). Redis is the only IO it does, always under `redis_timeout_ms`.
 //! Called by: `proxy`, for requests whose method is cacheable; and by whatever learns that a
 //! backend's lists changed, through [`Cache::invalidate`] and friends.
 //!
@@ -18,8 +23,10 @@
 //!   authorization partition, so it can never be served across authorization contexts.
 //! - Every body handed out carries the caller's own JSON-RPC id, and a cached body carries the
 //!   *remaining* freshness as `ttlMs`, so no client holds data longer than the server intended.
-//! - An invalidation takes effect for every lookup that starts after it returns, and a fetch that
-//!   was in flight when it happened is not stored.
+//! - An invalidation takes effect for every lookup on this replica that starts after it returns,
+//!   and a fetch that was in flight when it happened is not stored (locally or in Redis). Other
+//!   replicas follow when its Redis `INCR` lands (their Redis reads) and its message arrives
+//!   (their local tiers): milliseconds, or after a Redis outage, a local purge on resubscribe.
 
 mod classify;
 mod entry;
