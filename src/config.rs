@@ -20,6 +20,8 @@ pub const DEFAULT_SESSION_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 pub const DEFAULT_CACHE_MAX_TTL_MS: u64 = 5 * 60 * 1000;
 pub const DEFAULT_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
 pub const DEFAULT_STALE_IF_ERROR_MS: u64 = 0;
+pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 50;
+pub const DEFAULT_REDIS_PREFIX: &str = "portico";
 pub const DEFAULT_SEPARATOR: &str = "__";
 pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 3_000;
 pub const DEFAULT_MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
@@ -224,6 +226,19 @@ pub struct CacheConfig {
     /// How long past expiry an entry may be served while the backend is failing.
     #[serde(default = "default_stale_if_error_ms")]
     pub stale_if_error_ms: u64,
+    /// A Redis shared by every replica: second cache tier and invalidation channel
+    /// (`redis://[:password@]host:port[/db]`, `rediss://` for TLS; `${ENV}` expanded).
+    pub redis_url: Option<String>,
+    /// Budget for each Redis call; past it the request goes on without Redis.
+    #[serde(default = "default_redis_timeout_ms")]
+    pub redis_timeout_ms: u64,
+    /// Namespace of portico's Redis keys and channel, so deployments can share one Redis.
+    #[serde(default = "default_redis_prefix")]
+    pub redis_prefix: String,
+    /// Keep the in-process tier in front of Redis. `false` (only with `redis_url`) sends every
+    /// lookup to Redis: for measuring the Redis tier, or when replicas must never disagree.
+    #[serde(default = "default_true")]
+    pub local: bool,
 }
 
 impl Default for CacheConfig {
@@ -233,6 +248,10 @@ impl Default for CacheConfig {
             max_ttl_ms: DEFAULT_CACHE_MAX_TTL_MS,
             max_bytes: DEFAULT_CACHE_MAX_BYTES,
             stale_if_error_ms: DEFAULT_STALE_IF_ERROR_MS,
+            redis_url: None,
+            redis_timeout_ms: DEFAULT_REDIS_TIMEOUT_MS,
+            redis_prefix: DEFAULT_REDIS_PREFIX.to_string(),
+            local: true,
         }
     }
 }
@@ -525,6 +544,12 @@ fn default_cache_max_bytes() -> u64 {
 fn default_stale_if_error_ms() -> u64 {
     DEFAULT_STALE_IF_ERROR_MS
 }
+fn default_redis_timeout_ms() -> u64 {
+    DEFAULT_REDIS_TIMEOUT_MS
+}
+fn default_redis_prefix() -> String {
+    DEFAULT_REDIS_PREFIX.to_string()
+}
 fn default_separator() -> String {
     DEFAULT_SEPARATOR.to_string()
 }
@@ -611,6 +636,8 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
         // An unset variable means "no key configured": a random one is generated (with a warning).
         config.sessions.key = expand_env(key).ok().filter(|k| !k.is_empty());
     }
+
+    validate_cache(&mut config.cache)?;
 
     let mut names = HashSet::new();
     for (i, b) in config.backends.iter_mut().enumerate() {
@@ -863,6 +890,49 @@ fn validate_metrics(
     Ok(())
 }
 
+/// `[cache]` rules: the Redis tier's URL (after `${ENV}` expansion) and its knobs.
+fn validate_cache(c: &mut CacheConfig) -> Result<(), ConfigError> {
+    if let Some(url) = &c.redis_url {
+        let url = expand_env(url).map_err(|var| {
+            invalid(
+                "cache.redis_url",
+                format!("environment variable {var} is not set"),
+            )
+        })?;
+        // The URL may carry a password: errors name the scheme, never the URL.
+        let scheme = url.split_once("://").map(|(s, _)| s);
+        if !matches!(scheme, Some("redis") | Some("rediss")) {
+            return Err(invalid(
+                "cache.redis_url",
+                "want redis://host:port or rediss://host:port",
+            ));
+        }
+        redis::Client::open(url.as_str()).map_err(|e| {
+            invalid(
+                "cache.redis_url",
+                format!("not a usable Redis URL ({:?})", e.kind()),
+            )
+        })?;
+        c.redis_url = Some(url);
+    }
+    if c.redis_timeout_ms == 0 {
+        return Err(invalid("cache.redis_timeout_ms", "must be greater than 0"));
+    }
+    if c.redis_prefix.is_empty() || c.redis_prefix.bytes().any(|b| b.is_ascii_whitespace()) {
+        return Err(invalid(
+            "cache.redis_prefix",
+            "must be non-empty, without whitespace",
+        ));
+    }
+    if !c.local && c.redis_url.is_none() {
+        return Err(invalid(
+            "cache.local",
+            "local = false needs redis_url (there would be no cache at all)",
+        ));
+    }
+    Ok(())
+}
+
 /// `[auth]` rules: `none` only on loopback (unless forced), keys resolved, JWT key source given.
 fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
     let loopback = listen
@@ -1106,6 +1176,31 @@ mod tests {
         assert!(
             empty_glob.to_string().contains("tools.deny"),
             "{empty_glob}"
+        );
+    }
+
+    #[test]
+    fn cache_redis_keys() {
+        let c = check("[cache]\nredis_url = 'rediss://:pw@redis.example:6380/2'\n").unwrap();
+        assert_eq!(c.cache.redis_timeout_ms, DEFAULT_REDIS_TIMEOUT_MS);
+        assert_eq!(c.cache.redis_prefix, DEFAULT_REDIS_PREFIX);
+        assert!(c.cache.local);
+        let scheme = check("[cache]\nredis_url = 'http://:secret@x:1'\n").unwrap_err();
+        assert!(scheme.to_string().contains("cache.redis_url"), "{scheme}");
+        assert!(!scheme.to_string().contains("secret"), "{scheme}");
+        let env =
+            check("[cache]\nredis_url = 'redis://:${PORTICO_SURELY_UNSET_VAR}@x'\n").unwrap_err();
+        assert!(
+            env.to_string().contains("PORTICO_SURELY_UNSET_VAR"),
+            "{env}"
+        );
+        let local = check("[cache]\nlocal = false\n").unwrap_err();
+        assert!(local.to_string().contains("cache.local"), "{local}");
+        let timeout =
+            check("[cache]\nredis_url = 'redis://x'\nredis_timeout_ms = 0\n").unwrap_err();
+        assert!(
+            timeout.to_string().contains("cache.redis_timeout_ms"),
+            "{timeout}"
         );
     }
 

@@ -287,11 +287,13 @@ fn state_families(state: &State) -> Vec<MetricFamily> {
     let stats = state.cache.stats();
     let lookups = counter_vec(
         "portico_cache_requests_total",
-        "Cacheable requests by how the cache answered: hit, miss, coalesced, stale or bypass.",
+        "Cacheable requests by how the cache answered: hit (local tier), shared_hit (Redis \
+         tier), miss, coalesced, stale or bypass.",
         &["outcome"],
     );
     for (outcome, n) in [
         ("hit", stats.hits),
+        ("shared_hit", stats.redis_hits),
         ("miss", stats.misses),
         ("coalesced", stats.coalesced),
         ("stale", stats.stale),
@@ -317,6 +319,23 @@ fn state_families(state: &State) -> Vec<MetricFamily> {
     out.extend(restarts.collect());
     out.extend(sessions.collect());
     out.extend(lookups.collect());
+    let redis = counter_vec(
+        "portico_cache_redis_operations_total",
+        "Redis tier operations: hit, miss, write, error (timeouts included), published and \
+         received invalidations. All 0 without cache.redis_url.",
+        &["op"],
+    );
+    for (op, n) in [
+        ("hit", stats.redis_hits),
+        ("miss", stats.redis_misses),
+        ("write", stats.redis_writes),
+        ("error", stats.redis_errors),
+        ("published", stats.redis_published),
+        ("received", stats.redis_received),
+    ] {
+        redis.with_label_values(&[op]).inc_by(n);
+    }
+    out.extend(redis.collect());
     out.extend(single(
         "portico_cache_inserts_total",
         "Entries stored in the cache.",

@@ -552,7 +552,7 @@ fn admin_purge(
             serde_json::json!({"purged": "backend", "backend": name})
         }
         None => {
-            state.cache.purge_all();
+            state.cache.purge_all_replicas();
             serde_json::json!({"purged": "all"})
         }
     };

@@ -10,6 +10,7 @@ mod core;
 mod interop;
 mod legacy;
 mod observe;
+mod redis;
 mod reliability;
 mod security;
 mod stdio;

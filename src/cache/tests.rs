@@ -1,0 +1,970 @@
+//! Unit tests of the cache (in a sibling file to keep `mod.rs` readable).
+
+use super::*;
+use std::sync::atomic::AtomicUsize;
+
+#[derive(Clone, Debug, PartialEq)]
+struct Boom;
+
+fn cfg(max_ttl_ms: u64, stale_if_error_ms: u64, max_bytes: u64) -> CacheConfig {
+    CacheConfig {
+        enabled: true,
+        max_ttl_ms,
+        max_bytes,
+        stale_if_error_ms,
+        ..CacheConfig::default()
+    }
+}
+
+fn cache() -> Cache {
+    Cache::new(&cfg(60_000, 0, 1 << 20))
+}
+
+fn input<'a>(method: &'a str, params: Option<&'a str>) -> KeyInput<'a> {
+    KeyInput {
+        backend: "b1",
+        credential_id: "cred",
+        method,
+        params,
+        protocol_version: "2026-07-28",
+        capabilities: Some(r#"{"roots":{},"sampling":{}}"#),
+    }
+}
+
+fn tools(ttl: &str, scope: Option<&str>) -> Bytes {
+    let scope = scope.map_or(String::new(), |s| format!(r#","cacheScope":"{s}""#));
+    Bytes::from(format!(
+        r#"{{"jsonrpc":"2.0","id":"upstream-9","result":{{"tools":[{{"name":"t","x":1.50}}],"ttlMs":{ttl}{scope}}}}}"#
+    ))
+}
+
+fn id(n: u64) -> RequestId {
+    RequestId::number(n)
+}
+
+fn json(body: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(body).expect("valid JSON")
+}
+
+fn anon() -> Partition {
+    Partition::Anonymous
+}
+
+/// One `get_or_fetch` whose fetch counts its calls and answers `message`.
+async fn call(
+    c: &Cache,
+    key: &KeyInput<'_>,
+    p: &Partition,
+    n: u64,
+    calls: &AtomicUsize,
+    message: Bytes,
+) -> Served {
+    c.get_or_fetch(key, p, &id(n), false, || async {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Boom>(Fetched {
+            status: 200,
+            message,
+        })
+    })
+    .await
+    .expect("fetch succeeds")
+}
+
+// --- classify ---
+
+#[test]
+fn classify_table() {
+    use Decision::NotCacheable as No;
+    let m = "tools/list";
+    let check = |body: &str| classify(m, false, body.as_bytes(), 60_000);
+    let ok = r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"ttlMs":500,"cacheScope":"public"}}"#;
+    assert_eq!(
+        check(ok),
+        Decision::Cacheable {
+            ttl_ms: 500,
+            scope: Scope::Public,
+            result: Bytes::from_static(br#"{"tools":[],"cacheScope":"public"}"#),
+        }
+    );
+    // resultType complete or absent; anything else is not stored.
+    for (body, want) in [
+        (
+            r#"{"id":1,"result":{"resultType":"complete","ttlMs":5}}"#,
+            None,
+        ),
+        (
+            r#"{"id":1,"result":{"resultType":"input_required","inputRequests":{},"ttlMs":5}}"#,
+            Some(Uncacheable::NotComplete),
+        ),
+        (
+            r#"{"id":1,"result":{"resultType":"task","ttlMs":5}}"#,
+            Some(Uncacheable::NotComplete),
+        ),
+        (
+            r#"{"id":1,"error":{"code":-32603,"message":"x"}}"#,
+            Some(Uncacheable::Error),
+        ),
+        (r#"{"id":1,"result":{"ttlMs":0}}"#, Some(Uncacheable::NoTtl)),
+        (
+            r#"{"id":1,"result":{"tools":[]}}"#,
+            Some(Uncacheable::NoTtl),
+        ),
+        (
+            r#"{"id":1,"result":{"ttlMs":-5}}"#,
+            Some(Uncacheable::NoTtl),
+        ),
+        (
+            r#"{"id":1,"result":{"ttlMs":"500"}}"#,
+            Some(Uncacheable::NoTtl),
+        ),
+        (
+            r#"{"id":1,"result":{"ttlMs":0.4}}"#,
+            Some(Uncacheable::NoTtl),
+        ),
+        (
+            r#"{"id":1,"result":{"ttlMs":5,"ttlMs":6}}"#,
+            Some(Uncacheable::Malformed),
+        ),
+        (
+            r#"{"id":1,"result":{"ttlMs":5,"cacheScope":"private","cacheScope":"public"}}"#,
+            Some(Uncacheable::Malformed),
+        ),
+        (r#"{"id":1,"result":[1]}"#, Some(Uncacheable::Malformed)),
+        (r#"{"id":1}"#, Some(Uncacheable::Malformed)),
+        (
+            r#"{"id":1,"result":{"ttlMs":5}"#,
+            Some(Uncacheable::Malformed),
+        ),
+        ("\u{0}garbage", Some(Uncacheable::Malformed)),
+    ] {
+        match (check(body), want) {
+            (Decision::Cacheable { .. }, None) => {}
+            (No(got), Some(want)) => assert_eq!(got, want, "{body}"),
+            (got, want) => panic!("{body}: got {got:?}, want {want:?}"),
+        }
+    }
+    assert_eq!(
+        classify("tools/call", false, ok.as_bytes(), 60_000),
+        No(Uncacheable::Method)
+    );
+    assert_eq!(
+        classify(m, true, ok.as_bytes(), 60_000),
+        No(Uncacheable::Retry)
+    );
+}
+
+#[test]
+fn classify_caps_floors_and_defaults_scope() {
+    let ttl_scope = |body: &str| match classify("resources/read", false, body.as_bytes(), 1000) {
+        Decision::Cacheable { ttl_ms, scope, .. } => (ttl_ms, scope),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        ttl_scope(r#"{"result":{"ttlMs":99999999}}"#),
+        (1000, Scope::Private)
+    );
+    assert_eq!(
+        ttl_scope(r#"{"result":{"ttlMs":1e300}}"#),
+        (1000, Scope::Private)
+    );
+    assert_eq!(
+        ttl_scope(r#"{"result":{"ttlMs":250.9,"cacheScope":"private"}}"#),
+        (250, Scope::Private)
+    );
+    assert_eq!(
+        ttl_scope(r#"{"result":{"ttlMs":5,"cacheScope":"shared"}}"#),
+        (5, Scope::Private)
+    );
+    assert_eq!(
+        ttl_scope(r#"{"result":{"ttlMs":5,"cacheScope":"public"}}"#),
+        (5, Scope::Public)
+    );
+}
+
+// --- rendering ---
+
+#[test]
+fn render_rewrites_remaining_ttl_and_id() {
+    let Decision::Cacheable { result, .. } =
+        classify("tools/list", false, &tools("1000", Some("public")), 60_000)
+    else {
+        panic!("cacheable")
+    };
+    let entry = Entry::new(
+        &input("tools/list", None),
+        result,
+        Duration::from_millis(1000),
+        Duration::ZERO,
+    );
+    let at = |ms| entry.fresh_until - Duration::from_millis(1000) + Duration::from_millis(ms);
+    let first = json(&entry.render(&id(7), at(100)));
+    let later = json(&entry.render(&RequestId::from_value(&"abc".into()).expect("id"), at(600)));
+    let after = json(&entry.render(&id(8), at(5000)));
+    assert_eq!(first["id"], 7);
+    assert_eq!(later["id"], "abc");
+    assert_eq!(first["jsonrpc"], "2.0");
+    assert_eq!(first["result"]["ttlMs"], 900);
+    assert_eq!(later["result"]["ttlMs"], 400);
+    assert_eq!(after["result"]["ttlMs"], 0, "never negative");
+    assert_eq!(first["result"]["cacheScope"], "public");
+    assert_eq!(first["result"]["tools"][0]["name"], "t");
+    // Member values are spliced byte for byte (no float reformatting).
+    let body = entry.render(&id(1), at(0));
+    assert!(std::str::from_utf8(&body).expect("utf8").contains("1.50"));
+    assert!(body.ends_with(b",\"ttlMs\":1000}}"));
+}
+
+#[test]
+fn render_empty_result_is_valid_json() {
+    let Decision::Cacheable { result, .. } = classify(
+        "tools/list",
+        false,
+        br#"{"jsonrpc":"2.0","id":1,"result":{"ttlMs":50}}"#,
+        60_000,
+    ) else {
+        panic!("cacheable")
+    };
+    assert_eq!(&result[..], b"{}");
+    let entry = Entry::new(
+        &input("tools/list", None),
+        result,
+        Duration::from_millis(50),
+        Duration::ZERO,
+    );
+    let body = entry.render(&id(3), Instant::now());
+    let v = json(&body);
+    assert_eq!(v["id"], 3);
+    assert_eq!(v["result"].as_object().map(|o| o.len()), Some(1));
+    assert!(v["result"]["ttlMs"].as_u64().is_some_and(|t| t <= 50));
+}
+
+#[test]
+fn splice_id_replaces_only_the_id() {
+    let msg =
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":"up","result":{"a":1.50,"id":"inner"}}"#);
+    let out = splice_id(&msg, &id(42));
+    assert_eq!(
+        &out[..],
+        br#"{"jsonrpc":"2.0","id":42,"result":{"a":1.50,"id":"inner"}}"#
+    );
+    // Already right: same buffer back.
+    let same = Bytes::from_static(br#"{"jsonrpc":"2.0","id":42,"result":{}}"#);
+    assert_eq!(splice_id(&same, &id(42)).as_ptr(), same.as_ptr());
+    // No id at all: one is added.
+    assert_eq!(
+        json(&splice_id(
+            &Bytes::from_static(br#"{"jsonrpc":"2.0","result":{}}"#),
+            &id(1)
+        ))["id"],
+        1
+    );
+    // Not JSON: left alone.
+    assert_eq!(
+        &splice_id(&Bytes::from_static(b"nope"), &id(1))[..],
+        b"nope"
+    );
+}
+
+// --- keys ---
+
+#[test]
+fn key_canonicalisation() {
+    let base = input("tools/list", None);
+    let k = |i: &KeyInput<'_>| cache_key(i, KeyScope::Public);
+    let reordered = KeyInput {
+        capabilities: Some("{ \"sampling\" : {}, \"roots\":{ } }"),
+        ..base
+    };
+    assert_eq!(
+        k(&base),
+        k(&reordered),
+        "key order and whitespace don't matter"
+    );
+    let nested_a = KeyInput {
+        capabilities: Some(r#"{"x":{"b":1,"a":[{"d":2,"c":"\u0041"}]}}"#),
+        ..base
+    };
+    let nested_b = KeyInput {
+        capabilities: Some(r#"{"x":{"a":[{"c":"A","d":2}],"b":1}}"#),
+        ..base
+    };
+    assert_eq!(k(&nested_a), k(&nested_b), "recursive, escapes normalised");
+    let num_a = KeyInput {
+        capabilities: Some(r#"{"n":1.0}"#),
+        ..base
+    };
+    let num_b = KeyInput {
+        capabilities: Some(r#"{"n":1}"#),
+        ..base
+    };
+    assert_ne!(k(&num_a), k(&num_b), "numbers are kept as written");
+    assert_ne!(
+        k(&base),
+        k(&KeyInput {
+            capabilities: None,
+            ..base
+        })
+    );
+    assert_ne!(
+        k(&base),
+        k(&KeyInput {
+            capabilities: Some("{}"),
+            ..base
+        })
+    );
+
+    let c1 = KeyInput {
+        params: Some(r#""c1""#),
+        ..base
+    };
+    let c2 = KeyInput {
+        params: Some(r#""c2""#),
+        ..base
+    };
+    assert_ne!(k(&c1), k(&c2), "each page has its own key");
+    assert_ne!(k(&base), k(&c1));
+    assert_eq!(
+        k(&c1),
+        k(&KeyInput {
+            params: Some(r#" "\u0063\u0031" "#),
+            ..base
+        })
+    );
+    assert_ne!(
+        k(&base),
+        k(&KeyInput {
+            protocol_version: "2025-11-25",
+            ..base
+        })
+    );
+    assert_ne!(
+        k(&base),
+        k(&KeyInput {
+            credential_id: "other",
+            ..base
+        })
+    );
+    assert_ne!(
+        k(&base),
+        k(&KeyInput {
+            method: "prompts/list",
+            ..base
+        })
+    );
+    // Invalid JSON still keys, distinctly.
+    assert_ne!(
+        k(&KeyInput {
+            params: Some("{bad"),
+            ..base
+        }),
+        k(&KeyInput {
+            params: Some("{bad2"),
+            ..base
+        })
+    );
+}
+
+#[test]
+fn key_length_prefixes_prevent_concatenation_collisions() {
+    let base = input("tools/list", None);
+    let a = KeyInput {
+        backend: "ab",
+        credential_id: "c",
+        ..base
+    };
+    let b = KeyInput {
+        backend: "a",
+        credential_id: "bc",
+        ..base
+    };
+    assert_ne!(
+        cache_key(&a, KeyScope::Public),
+        cache_key(&b, KeyScope::Public)
+    );
+}
+
+#[test]
+fn key_scopes_and_partitions_never_collide() {
+    let i = input("tools/list", None);
+    let a = Partition::from_authorization(Some(b"Bearer a"));
+    let b = Partition::from_authorization(Some(b"Bearer b"));
+    assert_eq!(a, Partition::from_authorization(Some(b"Bearer a")));
+    assert_eq!(Partition::from_authorization(None), Partition::Anonymous);
+    assert_eq!(
+        Partition::from_authorization(Some(b"")),
+        Partition::Anonymous
+    );
+    let keys = [
+        cache_key(&i, KeyScope::Public),
+        cache_key(&i, KeyScope::Private(&a)),
+        cache_key(&i, KeyScope::Private(&b)),
+        cache_key(&i, KeyScope::Private(&Partition::Anonymous)),
+        cache_key(&i, KeyScope::Private(&Partition::Principal("alice".into()))),
+    ];
+    for (x, kx) in keys.iter().enumerate() {
+        for ky in &keys[x + 1..] {
+            assert_ne!(kx, ky);
+        }
+    }
+    // The secret itself never appears in a partition.
+    assert!(!format!("{a:?}").contains("Bearer"));
+}
+
+// --- the cache ---
+
+#[tokio::test]
+async fn ttl_is_honoured() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let k = input("tools/list", None);
+    let first = call(&c, &k, &anon(), 1, &calls, tools("200", Some("public"))).await;
+    assert_eq!(first.outcome, Outcome::Miss);
+    assert_eq!(
+        json(&first.body)["id"],
+        1,
+        "the caller's id, not the upstream's"
+    );
+    let hit = call(&c, &k, &anon(), 2, &calls, tools("200", Some("public"))).await;
+    assert_eq!(
+        (hit.outcome, calls.load(Ordering::SeqCst)),
+        (Outcome::Hit, 1)
+    );
+    assert_eq!(json(&hit.body)["id"], 2);
+    let left = hit.ttl_remaining_ms.expect("ttl");
+    assert!(left <= 200 && json(&hit.body)["result"]["ttlMs"] == left);
+    tokio::time::sleep(Duration::from_millis(230)).await;
+    let again = call(&c, &k, &anon(), 3, &calls, tools("200", Some("public"))).await;
+    assert_eq!(
+        (again.outcome, calls.load(Ordering::SeqCst)),
+        (Outcome::Miss, 2)
+    );
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.inserts), (1, 2, 2));
+}
+
+#[tokio::test]
+async fn remaining_ttl_decreases_on_hits() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let k = input("prompts/list", None);
+    let body = Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":1,"result":{"prompts":[],"ttlMs":1000,"cacheScope":"public"}}"#,
+    );
+    let first = call(&c, &k, &anon(), 1, &calls, body.clone()).await;
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let second = call(&c, &k, &anon(), 2, &calls, body).await;
+    let (a, b) = (
+        first.ttl_remaining_ms.expect("ttl"),
+        second.ttl_remaining_ms.expect("ttl"),
+    );
+    assert!(a <= 1000 && b + 50 <= a, "{a} then {b}");
+    assert_eq!(json(&second.body)["result"]["ttlMs"], b);
+}
+
+#[tokio::test]
+async fn uncacheable_answers_are_never_stored() {
+    let k = input("resources/read", Some(r#""file:///a""#));
+    for body in [
+        tools("0", Some("public")),
+        tools("-5", Some("public")),
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"contents":[],"cacheScope":"public"}}"#),
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{"a":{}},"ttlMs":500,"cacheScope":"public"}}"#),
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"no"}}"#),
+    ] {
+        let c = cache();
+        let calls = AtomicUsize::new(0);
+        for n in 0..2 {
+            let s = call(&c, &k, &anon(), n, &calls, body.clone()).await;
+            assert_eq!(s.outcome, Outcome::Miss);
+            assert_eq!(json(&s.body)["id"], n);
+            assert_eq!(s.ttl_remaining_ms, None);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "{body:?}");
+        assert_eq!(c.stats().inserts, 0);
+    }
+    // Non-200 status.
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    for n in 0..2 {
+        let s = c
+            .get_or_fetch(&k, &anon(), &id(n), false, || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Boom>(Fetched {
+                    status: 500,
+                    message: tools("500", Some("public")),
+                })
+            })
+            .await
+            .expect("ok");
+        assert_eq!(s.status, 500);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn retries_bypass_and_are_not_stored() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let k = input("resources/read", Some(r#""file:///a""#));
+    for n in 0..2 {
+        let s = c
+            .get_or_fetch(&k, &anon(), &id(n), true, || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Boom>(Fetched {
+                    status: 200,
+                    message: tools("500", Some("public")),
+                })
+            })
+            .await
+            .expect("ok");
+        assert_eq!(
+            (s.outcome, json(&s.body)["id"].as_u64()),
+            (Outcome::Bypass, Some(n))
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(c.stats().inserts, 0);
+    assert_eq!(c.stats().bypassed, 2);
+    // And a retry doesn't see an entry stored by a plain request either.
+    call(&c, &k, &anon(), 9, &calls, tools("500", Some("public"))).await;
+    let s = c
+        .get_or_fetch(&k, &anon(), &id(10), true, || async {
+            Ok::<_, Boom>(Fetched {
+                status: 200,
+                message: tools("500", Some("public")),
+            })
+        })
+        .await
+        .expect("ok");
+    assert_eq!(s.outcome, Outcome::Bypass);
+}
+
+#[tokio::test]
+async fn disabled_cache_passes_everything_through() {
+    let c = Cache::new(&CacheConfig {
+        enabled: false,
+        ..cfg(60_000, 0, 1 << 20)
+    });
+    let calls = AtomicUsize::new(0);
+    let k = input("tools/list", None);
+    for n in 0..3 {
+        let s = call(&c, &k, &anon(), n, &calls, tools("500", Some("public"))).await;
+        assert_eq!(
+            (s.outcome, json(&s.body)["id"].as_u64()),
+            (Outcome::Bypass, Some(n))
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn public_is_shared_private_is_not() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let (a, b) = (
+        Partition::from_authorization(Some(b"Bearer a")),
+        Partition::from_authorization(Some(b"Bearer b")),
+    );
+    let public = input("tools/list", None);
+    call(&c, &public, &a, 1, &calls, tools("5000", Some("public"))).await;
+    let s = call(&c, &public, &b, 2, &calls, tools("5000", Some("public"))).await;
+    assert_eq!(s.outcome, Outcome::Hit, "public entries cross partitions");
+    let s = call(
+        &c,
+        &public,
+        &anon(),
+        3,
+        &calls,
+        tools("5000", Some("public")),
+    )
+    .await;
+    assert_eq!(s.outcome, Outcome::Hit);
+
+    for scope in [Some("private"), None] {
+        let c = cache();
+        let calls = AtomicUsize::new(0);
+        let k = input("resources/list", None);
+        let body = Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","id":1,"result":{{"resources":[{{"uri":"secret-of-a"}}],"ttlMs":5000{}}}}}"#,
+            scope.map_or(String::new(), |s| format!(r#","cacheScope":"{s}""#))
+        ));
+        call(&c, &k, &a, 1, &calls, body.clone()).await;
+        assert_eq!(
+            call(&c, &k, &a, 2, &calls, body.clone()).await.outcome,
+            Outcome::Hit
+        );
+        let other = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"resources":[],"ttlMs":5000,"cacheScope":"private"}}"#);
+        for p in [&b, &anon()] {
+            let s = call(&c, &k, p, 3, &calls, other.clone()).await;
+            assert_eq!(
+                s.outcome,
+                Outcome::Miss,
+                "{scope:?}: A's private entry served to {p:?}"
+            );
+            assert!(!String::from_utf8_lossy(&s.body).contains("secret-of-a"));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+}
+
+#[tokio::test]
+async fn concurrent_misses_share_one_fetch() {
+    let c = Arc::new(cache());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..100u64 {
+        let (c, calls) = (Arc::clone(&c), Arc::clone(&calls));
+        tasks.push(tokio::spawn(async move {
+            let k = input("tools/list", Some(r#""page-2""#));
+            c.get_or_fetch(&k, &Partition::Anonymous, &id(n), false, || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, Boom>(Fetched {
+                    status: 200,
+                    message: tools("5000", Some("private")),
+                })
+            })
+            .await
+        }));
+    }
+    for (n, task) in tasks.into_iter().enumerate() {
+        let s = task.await.expect("task").expect("served");
+        let v = json(&s.body);
+        assert_eq!(v["id"], n as u64, "every caller gets its own id");
+        assert_eq!(v["result"]["tools"][0]["name"], "t");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let st = c.stats();
+    assert_eq!((st.misses, st.coalesced + st.hits), (1, 99));
+}
+
+#[tokio::test]
+async fn coalesced_waiters_share_an_uncacheable_answer() {
+    let c = Arc::new(cache());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..10u64 {
+        let (c, calls) = (Arc::clone(&c), Arc::clone(&calls));
+        tasks.push(tokio::spawn(async move {
+            let k = input("resources/read", Some(r#""file:///x""#));
+            c.get_or_fetch(&k, &Partition::Anonymous, &id(n), false, || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, Boom>(Fetched {
+                    status: 200,
+                    message: Bytes::from_static(br#"{"jsonrpc":"2.0","id":"up","result":{"resultType":"input_required","inputRequests":{"q":{"method":"elicitation/create","params":{}}}}}"#),
+                })
+            })
+            .await
+        }));
+    }
+    for (n, task) in tasks.into_iter().enumerate() {
+        let v = json(&task.await.expect("task").expect("served").body);
+        assert_eq!(
+            (v["id"].as_u64(), v["result"]["resultType"].as_str()),
+            (Some(n as u64), Some("input_required"))
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(c.stats().inserts, 0);
+}
+
+#[tokio::test]
+async fn waiters_share_the_leaders_error() {
+    let c = Arc::new(cache());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..5u64 {
+        let (c, calls) = (Arc::clone(&c), Arc::clone(&calls));
+        tasks.push(tokio::spawn(async move {
+            let k = input("tools/list", None);
+            c.get_or_fetch(&k, &Partition::Anonymous, &id(n), false, || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                Err::<Fetched, _>(Boom)
+            })
+            .await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.expect("task").map(|s| s.outcome), Err(Boom));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_dropped_leader_does_not_strand_waiters() {
+    let c = Arc::new(cache());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let k = || input("tools/list", None);
+    // The leader's fetch never finishes.
+    let leader = {
+        let (c, calls) = (Arc::clone(&c), Arc::clone(&calls));
+        tokio::spawn(async move {
+            c.get_or_fetch(&k(), &Partition::Anonymous, &id(0), false, || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<Result<Fetched, Boom>>().await
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut waiters = Vec::new();
+    for n in 1..=5u64 {
+        let (c, calls) = (Arc::clone(&c), Arc::clone(&calls));
+        waiters.push(tokio::spawn(async move {
+            c.get_or_fetch(&k(), &Partition::Anonymous, &id(n), false, || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok::<_, Boom>(Fetched {
+                    status: 200,
+                    message: tools("5000", Some("public")),
+                })
+            })
+            .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    leader.abort();
+    for (n, w) in (1u64..).zip(waiters) {
+        let s = tokio::time::timeout(Duration::from_secs(1), w)
+            .await
+            .expect("no hang")
+            .expect("task")
+            .expect("served");
+        assert_eq!(json(&s.body)["id"], n);
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the stuck leader, then one successor"
+    );
+    assert!(c.lock_flights().is_empty(), "no flight left behind");
+}
+
+#[tokio::test]
+async fn invalidate_drops_all_cursors_and_partitions_at_once() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let (a, b) = (
+        Partition::from_authorization(Some(b"Bearer a")),
+        Partition::from_authorization(Some(b"Bearer b")),
+    );
+    let pages = [
+        input("tools/list", None),
+        input("tools/list", Some(r#""c1""#)),
+    ];
+    let prompts = input("prompts/list", None);
+    for k in &pages {
+        for p in [&a, &b] {
+            call(&c, k, p, 1, &calls, tools("5000", Some("private"))).await;
+        }
+    }
+    call(&c, &pages[0], &a, 1, &calls, tools("5000", Some("public"))).await; // A public one too.
+    call(&c, &prompts, &a, 1, &calls, tools("5000", Some("public"))).await;
+    let before = calls.load(Ordering::SeqCst);
+    for k in &pages {
+        assert_eq!(
+            call(&c, k, &b, 2, &calls, tools("5000", Some("private")))
+                .await
+                .outcome,
+            Outcome::Hit
+        );
+    }
+
+    c.invalidate("b1", "tools/list");
+    // No maintenance has run: moka applies the predicate on `get`.
+    for k in &pages {
+        for p in [&a, &b] {
+            let s = call(&c, k, p, 3, &calls, tools("5000", Some("private"))).await;
+            assert_eq!(s.outcome, Outcome::Miss, "invalidated at once");
+        }
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), before + 4);
+    assert_eq!(
+        call(&c, &prompts, &b, 4, &calls, tools("5000", Some("public")))
+            .await
+            .outcome,
+        Outcome::Hit
+    );
+    // Entries stored after the invalidation are served normally.
+    assert_eq!(
+        call(&c, &pages[0], &a, 5, &calls, tools("5000", Some("private")))
+            .await
+            .outcome,
+        Outcome::Hit
+    );
+    c.invalidate("other-backend", "prompts/list");
+    assert_eq!(
+        call(&c, &prompts, &b, 4, &calls, tools("5000", Some("public")))
+            .await
+            .outcome,
+        Outcome::Hit
+    );
+    c.purge_backend("b1");
+    assert_eq!(
+        call(&c, &prompts, &b, 4, &calls, tools("5000", Some("public")))
+            .await
+            .outcome,
+        Outcome::Miss
+    );
+    c.purge_all();
+    assert_eq!(
+        call(&c, &prompts, &b, 4, &calls, tools("5000", Some("public")))
+            .await
+            .outcome,
+        Outcome::Miss
+    );
+    c.run_pending_tasks().await;
+    assert_eq!(c.stats().entries, 1);
+}
+
+#[tokio::test]
+async fn invalidate_resource_drops_only_that_uri() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let (x, y) = (
+        input("resources/read", Some(r#""file:///x""#)),
+        input("resources/read", Some(r#""file:///y""#)),
+    );
+    let body = || {
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"contents":[],"ttlMs":5000,"cacheScope":"public"}}"#)
+    };
+    call(&c, &x, &anon(), 1, &calls, body()).await;
+    call(&c, &y, &anon(), 1, &calls, body()).await;
+    c.invalidate_resource("b1", "file:///x");
+    assert_eq!(
+        call(&c, &x, &anon(), 2, &calls, body()).await.outcome,
+        Outcome::Miss
+    );
+    assert_eq!(
+        call(&c, &y, &anon(), 2, &calls, body()).await.outcome,
+        Outcome::Hit
+    );
+}
+
+#[tokio::test]
+async fn a_fetch_in_flight_during_invalidation_is_not_stored() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let k = input("tools/list", None);
+    let s = c
+        .get_or_fetch(&k, &anon(), &id(1), false, || async {
+            c.invalidate("b1", "tools/list"); // the list changed while we fetched it
+            Ok::<_, Boom>(Fetched {
+                status: 200,
+                message: tools("5000", Some("public")),
+            })
+        })
+        .await
+        .expect("ok");
+    assert_eq!(s.outcome, Outcome::Miss);
+    assert_eq!(json(&s.body)["id"], 1);
+    assert_eq!(
+        call(&c, &k, &anon(), 2, &calls, tools("5000", Some("public")))
+            .await
+            .outcome,
+        Outcome::Miss
+    );
+}
+
+#[tokio::test]
+async fn stale_if_error_serves_inside_the_window_only() {
+    let c = Cache::new(&cfg(60_000, 150, 1 << 20));
+    let calls = AtomicUsize::new(0);
+    let k = input("tools/list", None);
+    call(&c, &k, &anon(), 1, &calls, tools("60", Some("public"))).await;
+    async fn failing_call(c: &Cache, k: &KeyInput<'_>, n: u64) -> Result<Outcome, Boom> {
+        c.get_or_fetch(k, &Partition::Anonymous, &id(n), false, || async {
+            Err(Boom)
+        })
+        .await
+        .map(|s| s.outcome)
+    }
+    let failing = |n| failing_call(&c, &k, n);
+    // Fresh: the failing fetch is never called.
+    assert_eq!(failing(2).await, Ok(Outcome::Hit));
+    tokio::time::sleep(Duration::from_millis(90)).await;
+    // Expired, inside the window: the old entry, with ttlMs 0.
+    let s = c
+        .get_or_fetch(&k, &anon(), &id(3), false, || async {
+            Err::<Fetched, _>(Boom)
+        })
+        .await
+        .expect("stale");
+    assert_eq!((s.outcome, s.ttl_remaining_ms), (Outcome::Stale, Some(0)));
+    let v = json(&s.body);
+    assert_eq!(
+        (v["id"].as_u64(), v["result"]["ttlMs"].as_u64()),
+        (Some(3), Some(0))
+    );
+    tokio::time::sleep(Duration::from_millis(160)).await;
+    // Past the window: the error.
+    assert_eq!(failing(4).await, Err(Boom));
+    assert_eq!(c.stats().stale, 1);
+}
+
+#[tokio::test]
+async fn max_bytes_evicts_and_counts() {
+    let c = Cache::new(&cfg(60_000, 0, 4096));
+    let calls = AtomicUsize::new(0);
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"result":{{"blob":"{}","ttlMs":5000,"cacheScope":"public"}}}}"#,
+        "x".repeat(800)
+    );
+    let cursors: Vec<String> = (0..20).map(|n| format!("\"c{n}\"")).collect();
+    for cursor in &cursors {
+        call(
+            &c,
+            &input("tools/list", Some(cursor)),
+            &anon(),
+            1,
+            &calls,
+            Bytes::from(big.clone()),
+        )
+        .await;
+    }
+    c.run_pending_tasks().await;
+    let s = c.stats();
+    assert_eq!(s.inserts, 20);
+    assert!(s.evictions > 0, "{s:?}");
+    assert!(s.bytes <= 4096, "{s:?}");
+    assert_eq!(s.entries, 20 - s.evictions);
+    // An entry bigger than the whole budget is not stored at all.
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"result":{{"blob":"{}","ttlMs":5000}}}}"#,
+        "x".repeat(5000)
+    );
+    call(
+        &c,
+        &input("prompts/list", None),
+        &anon(),
+        1,
+        &calls,
+        Bytes::from(huge),
+    )
+    .await;
+    assert_eq!(c.stats().inserts, 20);
+}
+
+#[tokio::test]
+async fn replacing_an_entry_keeps_the_gauges_right() {
+    let c = Cache::new(&cfg(60_000, 0, 1 << 20));
+    let calls = AtomicUsize::new(0);
+    let k = input("tools/list", None);
+    call(&c, &k, &anon(), 1, &calls, tools("30", Some("public"))).await;
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    call(&c, &k, &anon(), 2, &calls, tools("5000", Some("public"))).await;
+    c.run_pending_tasks().await;
+    let s = c.stats();
+    assert_eq!((s.inserts, s.entries, s.evictions), (2, 1, 0));
+    assert!(s.bytes > 0);
+    // The replacement's lifetime is its own, not the remainder of the old one's.
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(
+        call(&c, &k, &anon(), 3, &calls, tools("5000", Some("public")))
+            .await
+            .outcome,
+        Outcome::Hit
+    );
+}
