@@ -782,9 +782,13 @@ fn k8s_documents() -> Vec<(PathBuf, Value)> {
     docs
 }
 
+/// The one document of kind `k` that belongs to portico (redis.yaml adds Redis's own).
 fn kind<'a>(docs: &'a [(PathBuf, Value)], k: &str) -> &'a Value {
-    let found: Vec<_> = docs.iter().filter(|(_, d)| d["kind"] == k).collect();
-    assert_eq!(found.len(), 1, "exactly one {k}");
+    let found: Vec<_> = docs
+        .iter()
+        .filter(|(_, d)| d["kind"] == k && d["metadata"]["name"] == "portico")
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one portico {k}");
     &found[0].1
 }
 
@@ -796,10 +800,24 @@ async fn kubernetes_manifests_parse_and_their_config_passes_check() {
         .map(|(_, d)| d["kind"].as_str().unwrap())
         .collect();
     kinds.sort();
+    // portico's own objects, the scale-out HPA, and the optional Redis (Deployment, Service,
+    // Secret) of deploy/k8s/redis.yaml.
     assert_eq!(
         kinds,
-        ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+        [
+            "ConfigMap",
+            "Deployment",
+            "Deployment",
+            "HorizontalPodAutoscaler",
+            "PodDisruptionBudget",
+            "Secret",
+            "Service",
+            "Service"
+        ]
     );
+    let hpa = kind(&docs, "HorizontalPodAutoscaler");
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "Deployment");
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["name"], "portico");
     for (f, d) in &docs {
         assert!(d["apiVersion"].is_string(), "{}", f.display());
         assert!(d["metadata"]["name"].is_string(), "{}", f.display());
