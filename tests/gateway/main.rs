@@ -5,6 +5,7 @@
 
 mod aggregate;
 mod cache;
+mod cli;
 mod common;
 mod core;
 mod interop;
