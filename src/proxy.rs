@@ -268,6 +268,7 @@ async fn modern(
         // under us (e.g. redeployed as a legacy server): re-probe and take the bridge.
         let refusal = read_small(relay).await;
         if backend.cfg.protocol != crate::config::Protocol::Auto
+            || blames_the_request(&refusal)
             || bridge::classify_http(status.as_u16(), std::slice::from_ref(&refusal))
                 != bridge::Classification::Legacy
         {
@@ -284,6 +285,26 @@ async fn modern(
     frontend::verify_modern(&head, &mh, &env)?;
     let reply = answer(state, ctx, backend, headers, &env, body, deadline).await?;
     Ok(render(reply, env.id.as_ref(), backend).await)
+}
+
+/// Whether a refusal is a JSON-RPC error about the request itself (malformed, unknown method,
+/// bad params such as missing `_meta`): a modern server refusing a bad client request, not a
+/// sign that the backend changed era. Without this, every malformed request passed through
+/// would cost the backend a re-probe — an amplification any client could trigger. Legacy
+/// servers refuse a session-less modern request differently (`-32000`, or no JSON-RPC body).
+fn blames_the_request(refusal: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(refusal)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_i64())
+        .is_some_and(|c| {
+            matches!(
+                c,
+                protocol::code::PARSE_ERROR
+                    | protocol::code::INVALID_REQUEST
+                    | protocol::code::METHOD_NOT_FOUND
+                    | protocol::code::INVALID_PARAMS
+            )
+        })
 }
 
 /// Reads a (small) relayed body into memory; used only for refusals.

@@ -681,3 +681,42 @@ async fn http2_clients_are_served() {
     assert_eq!(resp.version(), http::Version::HTTP_2);
     assert_eq!(resp.status(), 200);
 }
+
+#[tokio::test]
+async fn a_refused_bad_request_does_not_make_portico_reprobe() {
+    // An `auto` backend found modern: a client request it refuses as malformed (no `_meta`) is
+    // relayed as is, and costs the backend no re-probe (no amplification by bad clients).
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n[[backends]]\nname = \"a\"\nurl = \"{}\"\n",
+        mock.url()
+    ))
+    .await;
+    let url = gw.url("/mcp/a");
+    let ok = mcp(
+        &url,
+        json!(1),
+        "tools/call",
+        json!({"name":"echo","arguments":{"text":"x"}}),
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    let probes = mock.count("server/discover");
+    assert_eq!(probes, 1);
+    for id in 2..6 {
+        let body =
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}})
+                .to_string();
+        let r = send(
+            "POST",
+            &url,
+            &modern_headers("tools/call", Some("echo")),
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 400, "{:?}", r.body);
+        assert_eq!(r.code(), -32602);
+        assert_eq!(r.json()["id"], id);
+    }
+    assert_eq!(mock.count("server/discover"), probes, "no re-probe");
+}
