@@ -43,6 +43,8 @@ function baseline(kind, method, c,    b) {
 
 function ratio(kind, t, c,    b) {
     b = baseline(kind, method_of[t], c)
+    # Targets against the Python SDK server compare with that server, not the bench backend.
+    if (t ~ /-py/) { b = (kind == "direct" && (("direct-py", c) in med_rps)) ? "direct-py" : ""; dagger = "" }
     if (b == "" || med_rps[b, c] <= 0) return "–"
     return sprintf("%.2f×%s", med_rps[t, c] / med_rps[b, c], dagger)
 }
