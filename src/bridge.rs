@@ -3,7 +3,13 @@
 //!
 //! - **Probe, don't guess** (digest §5): the first request to an `auto` backend sends
 //!   `server/discover`; `classify_http` / `classify_stdio` read the answer. The verdict is kept
-//!   per backend and re-probed when a later answer contradicts it.
+//!   per backend and re-probed when a later answer contradicts it. In particular a stdio
+//!   server that starts slower than `probe_timeout_ms` is probed as legacy although it may be
+//!   modern; its refusal of the bridge's `initialize` (`initialize_refusal_is_modern`) re-probes
+//!   it, and the request that found out is served on the modern path (`Bridged::Modern`). The
+//!   probe clock is not moved to "child ready" instead: the child is spawned by the probe
+//!   itself (so the clock already starts at spawn), and a modern server writes nothing before
+//!   its answer, so there is no earlier readiness signal to wait for.
 //! - **One upstream session per backend**: portico runs `initialize` once, keeps the session id,
 //!   and multiplexes every client request over it, rewriting JSON-RPC ids and progress tokens so
 //!   requests from different clients never collide inside the session (legacy ids must be unique
@@ -135,6 +141,29 @@ pub fn classify_stdio(answer: Option<&[Bytes]>) -> Classification {
     }
 }
 
+/// Whether an error answer to the bridge's `initialize` shows a 2026-07-28 server, i.e. the
+/// probe verdict "legacy" was wrong (typically a modern stdio server that started more slowly
+/// than `probe_timeout_ms`). Evidence, per digest §5: a modern error code (`-32020..-32022`);
+/// a version list (`data.supported`) naming a revision newer than the initialize era (a
+/// modern-only server SHOULD list its versions in any error to `initialize`); or "method not
+/// found": every initialize-era server implements `initialize`, so only a server that dropped
+/// it (the 2026 Python SDK path answers it `-32601`) says so. A legacy server refusing our
+/// revision lists only legacy ones, and is not taken for modern.
+pub fn initialize_refusal_is_modern(error: &Value) -> bool {
+    let c = error["code"].as_i64();
+    if c.is_some_and(is_modern_error) || c == Some(code::METHOD_NOT_FOUND) {
+        return true;
+    }
+    let newest_legacy = LEGACY_VERSIONS[0];
+    ["supported", "supportedVersions"].iter().any(|k| {
+        error["data"][k].as_array().is_some_and(|vs| {
+            vs.iter()
+                .filter_map(Value::as_str)
+                .any(|v| v == LATEST_VERSION || v > newest_legacy)
+        })
+    })
+}
+
 /// The probe request portico sends.
 fn probe_body() -> Bytes {
     Bytes::from(
@@ -260,9 +289,41 @@ pub fn reprobe(b: &Backend, why: &str) {
     }
 }
 
-/// The upstream session, initializing it when there is none (or the stdio child restarted).
-/// The backend's upstream legacy session, initialized on first use.
+/// Why no legacy session could be had.
+enum SessionError {
+    /// `initialize` was refused the way only a 2026-07-28 server refuses it: the verdict
+    /// "legacy" was wrong (see [`initialize_refusal_is_modern`]).
+    Modern(String),
+    Failed(GatewayError),
+}
+
+impl From<GatewayError> for SessionError {
+    fn from(e: GatewayError) -> Self {
+        SessionError::Failed(e)
+    }
+}
+
+/// The backend's upstream legacy session, initialized on first use (and again when the stdio
+/// child restarted). For callers that cannot switch paths: a server that turns out modern is
+/// re-probed and the call fails; the next request takes the modern path.
 pub async fn session(b: &Backend, deadline: Instant) -> Result<Arc<LegacySession>, GatewayError> {
+    match session_or_modern(b, deadline).await {
+        Ok(s) => Ok(s),
+        Err(SessionError::Failed(e)) => Err(e),
+        Err(SessionError::Modern(why)) => {
+            let _ = flip_to_modern(b, &why).await;
+            Err(GatewayError::BackendFailed {
+                backend: b.name.to_string(),
+                detail: format!("not an initialize-era server: {why}"),
+            })
+        }
+    }
+}
+
+async fn session_or_modern(
+    b: &Backend,
+    deadline: Instant,
+) -> Result<Arc<LegacySession>, SessionError> {
     let generation = match &b.upstream {
         Upstream::Stdio(s) => s.generation(),
         _ => 0,
@@ -278,9 +339,61 @@ pub async fn session(b: &Backend, deadline: Instant) -> Result<Arc<LegacySession
     {
         return Ok(s);
     }
+    // A request that queued behind an `initialize` which found the server modern must not
+    // send another one (nor undo the new verdict).
+    if b.verdict() != Verdict::Legacy {
+        return Err(SessionError::Modern(
+            "the backend was re-probed while this request waited".into(),
+        ));
+    }
     let s = Arc::new(initialize(b, deadline).await?);
     b.bridge.session.store(Some(s.clone()));
     Ok(s)
+}
+
+/// The bridge found a backend it believed legacy to be modern: re-probe it (an `auto` backend
+/// only; a configured `protocol = "legacy"` is obeyed) and return the new verdict. The probe
+/// is repeated rather than the verdict flipped blindly, so a legacy server with a broken
+/// `initialize` stays legacy and its error is reported.
+async fn flip_to_modern(b: &Backend, why: &str) -> Result<Verdict, GatewayError> {
+    if b.cfg.protocol != crate::config::Protocol::Auto {
+        return Ok(b.verdict());
+    }
+    {
+        // Under the probe lock, so concurrent discoverers re-probe once, not once each.
+        let _one = b.bridge.probe_lock.lock().await;
+        if b.verdict() == Verdict::Legacy {
+            tracing::warn!(backend = %b.name, why, "initialize refused by a 2026-07-28 server; re-probing");
+            b.set_verdict(Verdict::Unknown);
+            b.bridge.session.store(None);
+        }
+    }
+    ensure_verdict(b).await
+}
+
+/// What the bridge did with a request.
+pub enum Bridged {
+    /// Translated and answered.
+    Answer(Reply),
+    /// The backend turned out to be a 2026-07-28 server (re-probed): nothing was sent for this
+    /// request; the caller serves it on the modern path.
+    Modern,
+}
+
+/// Turns a failed session into the caller's answer: `Bridged::Modern` when the re-probe
+/// confirmed a modern server, an error otherwise.
+async fn on_session_error(b: &Backend, e: SessionError) -> Result<Bridged, GatewayError> {
+    let why = match e {
+        SessionError::Failed(e) => return Err(e),
+        SessionError::Modern(why) => why,
+    };
+    match flip_to_modern(b, &why).await? {
+        Verdict::Modern => Ok(Bridged::Modern),
+        _ => Err(GatewayError::BackendFailed {
+            backend: b.name.to_string(),
+            detail: format!("initialize refused ({why}) but the server probes as legacy"),
+        }),
+    }
 }
 
 fn initialize_body(id: &str) -> Bytes {
@@ -321,14 +434,16 @@ async fn initialize_stdio(
 
 /// Runs the legacy handshake: `initialize` (newest revision first; the server echoes it or
 /// counter-offers its own), then `notifications/initialized`.
-async fn initialize(b: &Backend, deadline: Instant) -> Result<LegacySession, GatewayError> {
+async fn initialize(b: &Backend, deadline: Instant) -> Result<LegacySession, SessionError> {
     let n = b.bridge.next_id.fetch_add(1, Ordering::Relaxed);
     let id = format!("portico-init-{n}");
-    let fail = |detail: String| GatewayError::BackendFailed {
-        backend: b.name.to_string(),
-        detail,
+    let fail = |detail: String| {
+        SessionError::Failed(GatewayError::BackendFailed {
+            backend: b.name.to_string(),
+            detail,
+        })
     };
-    let (messages, session_id, generation) = match &b.upstream {
+    let (messages, session_id, generation, status) = match &b.upstream {
         Upstream::Http(up) => {
             let req = up.request(&HeaderMap::new(), &base_headers(), initialize_body(&id));
             let reply = up
@@ -338,21 +453,32 @@ async fn initialize(b: &Backend, deadline: Instant) -> Result<LegacySession, Gat
             let sid = reply.headers.get(h::SESSION_ID).cloned();
             let status = reply.status;
             let messages = collect(reply).await.map_err(|e| upstream_err(b, &e))?;
-            if !status.is_success() {
-                return Err(fail(format!("initialize answered HTTP {status}")));
-            }
-            (messages, sid, 0)
+            (messages, sid, 0, status)
         }
         Upstream::Stdio(s) => {
             let (reply, generation) = initialize_stdio(s, &id, deadline)
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
             let messages = collect(reply).await.map_err(|e| upstream_err(b, &e))?;
-            (messages, None, generation)
+            (messages, None, generation, StatusCode::OK)
         }
         Upstream::Builtin(_) => return Err(fail("built-in servers are modern".into())),
     };
-    let resp = response_of(&messages).ok_or_else(|| fail("no answer to initialize".into()))?;
+    // The answer is read before the status: a modern server's refusal (HTTP 400/404 with a
+    // JSON-RPC body) is what tells it apart.
+    let resp = response_of(&messages);
+    if let Some(e) = resp.as_ref().and_then(|r| r.get("error"))
+        && initialize_refusal_is_modern(e)
+    {
+        return Err(SessionError::Modern(format!(
+            "initialize answered {} {}",
+            e["code"], e["message"]
+        )));
+    }
+    if !status.is_success() {
+        return Err(fail(format!("initialize answered HTTP {status}")));
+    }
+    let resp = resp.ok_or_else(|| fail("no answer to initialize".into()))?;
     if let Some(e) = resp.get("error") {
         return Err(fail(format!("initialize failed: {}", e["message"])));
     }
@@ -436,12 +562,11 @@ pub async fn close(b: &Backend) {
 // === Requests ===
 
 /// Answers `server/discover` for a legacy backend from its `InitializeResult`.
-pub async fn discover(
-    b: &Backend,
-    id: &RequestId,
-    deadline: Instant,
-) -> Result<Reply, GatewayError> {
-    let s = session(b, deadline).await?;
+async fn discover(b: &Backend, id: &RequestId, deadline: Instant) -> Result<Bridged, GatewayError> {
+    let s = match session_or_modern(b, deadline).await {
+        Ok(s) => s,
+        Err(e) => return on_session_error(b, e).await,
+    };
     let mut result = json!({
         "resultType": "complete",
         "supportedVersions": SUPPORTED_VERSIONS,
@@ -456,7 +581,7 @@ pub async fn discover(
         result["_meta"] = json!({ meta::SERVER_INFO: info });
     }
     let msg = json!({"jsonrpc":"2.0","id":id.to_value(),"result":result});
-    Ok(Reply::one(StatusCode::OK, msg.to_string()))
+    Ok(Bridged::Answer(Reply::one(StatusCode::OK, msg.to_string())))
 }
 
 fn scope_str(s: CacheScope) -> &'static str {
@@ -617,7 +742,8 @@ fn session_lost(status: StatusCode, messages: &MessageStream) -> bool {
     false
 }
 
-/// Sends one 2026 request to a legacy backend and returns the translated answer.
+/// Sends one 2026 request to a legacy backend and returns the translated answer, or
+/// `Bridged::Modern` when the backend's `initialize` showed it is not legacy after all.
 pub async fn call(
     b: &Arc<Backend>,
     method: &str,
@@ -625,7 +751,7 @@ pub async fn call(
     body: &Bytes,
     client_headers: &HeaderMap,
     deadline: Instant,
-) -> Result<Reply, GatewayError> {
+) -> Result<Bridged, GatewayError> {
     if method == "server/discover"
         && let Some(id) = client_id
     {
@@ -637,7 +763,10 @@ pub async fn call(
         ));
     }
     for attempt in 0..2 {
-        let s = session(b, deadline).await?;
+        let s = match session_or_modern(b, deadline).await {
+            Ok(s) => s,
+            Err(e) => return on_session_error(b, e).await,
+        };
         let upstream_id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (up_body, token) = to_legacy(body, upstream_id)?;
         let Some(client_id) = client_id else {
@@ -645,11 +774,11 @@ pub async fn call(
             send_raw(b, &s, up_body, client_headers, deadline)
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
-            return Ok(Reply {
+            return Ok(Bridged::Answer(Reply {
                 status: StatusCode::ACCEPTED,
                 headers: HeaderMap::new(),
                 messages: MessageStream::Empty,
-            });
+            }));
         };
         let mapping = Mapping {
             client_id: client_id.clone(),
@@ -687,7 +816,7 @@ pub async fn call(
             forget_session(b, &s);
             continue;
         }
-        return Ok(translate(reply, mapping, guard));
+        return Ok(Bridged::Answer(translate(reply, mapping, guard)));
     }
     Err(GatewayError::BackendFailed {
         backend: b.name.to_string(),
@@ -1018,6 +1147,43 @@ mod tests {
             ]))),
             Modern
         );
+    }
+
+    /// What an error answer to `initialize` says: only a modern server's refusal flips the
+    /// verdict; a legacy server refusing our revision does not.
+    #[test]
+    fn initialize_refusals() {
+        let cases = [
+            (json!({"code":-32601,"message":"Method not found"}), true),
+            (
+                json!({"code":-32022,"message":"Unsupported protocol version"}),
+                true,
+            ),
+            (json!({"code":-32020,"message":"Header mismatch"}), true),
+            (
+                json!({"code":-32602,"message":"Unsupported protocol version",
+                    "data":{"supported":["2026-07-28"],"requested":"2025-11-25"}}),
+                true,
+            ),
+            (
+                json!({"code":-32000,"message":"x","data":{"supportedVersions":["2027-01-01"]}}),
+                true,
+            ),
+            (
+                json!({"code":-32602,"message":"Unsupported protocol version",
+                    "data":{"supported":["2025-06-18","2025-03-26"],"requested":"2025-11-25"}}),
+                false,
+            ),
+            (json!({"code":-32603,"message":"Internal error"}), false),
+            (
+                json!({"code":-32000,"message":"Server not initialized"}),
+                false,
+            ),
+            (json!({"message":"no code"}), false),
+        ];
+        for (error, modern) in cases {
+            assert_eq!(initialize_refusal_is_modern(&error), modern, "{error}");
+        }
     }
 
     #[test]

@@ -405,7 +405,7 @@ async fn call_backend(
     match (env.kind, verdict) {
         // Legacy backends: translated and multiplexed over the upstream session.
         (_, Verdict::Legacy) => {
-            bridge::call(
+            match bridge::call(
                 backend,
                 &env.method,
                 env.id.as_ref(),
@@ -413,7 +413,15 @@ async fn call_backend(
                 headers,
                 deadline,
             )
-            .await
+            .await?
+            {
+                bridge::Bridged::Answer(reply) => Ok(reply),
+                // The probe had it wrong (a slow-starting modern server): re-probed, so this
+                // request and every later one take the modern path.
+                bridge::Bridged::Modern => {
+                    forward(ctx, backend, headers, env, body, deadline).await
+                }
+            }
         }
         // Modern backends, on the message path.
         _ => forward(ctx, backend, headers, env, body, deadline).await,
