@@ -60,8 +60,10 @@ use crate::router::Backend;
 use crate::upstream::stdio::CallOptions;
 use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
 
+/// Session-wide notifications buffered per subscriber of [`BridgeState::subscribe`].
+const NOTES_QUEUE: usize = 64;
+
 /// Per-backend bridge state.
-#[derive(Default)]
 pub struct BridgeState {
     /// One probe at a time per backend.
     probe_lock: tokio::sync::Mutex<()>,
@@ -71,9 +73,38 @@ pub struct BridgeState {
     init_lock: tokio::sync::Mutex<()>,
     /// Gateway-unique request ids and progress tokens within the upstream session.
     next_id: AtomicU64,
+    /// Session-wide messages of an HTTP legacy session (its standalone GET stream, read by
+    /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
+    /// One GET stream per session serves both (servers may allow only one).
+    notes: tokio::sync::broadcast::Sender<Bytes>,
+}
+
+impl Default for BridgeState {
+    fn default() -> Self {
+        BridgeState {
+            probe_lock: Default::default(),
+            session: Default::default(),
+            init_lock: Default::default(),
+            next_id: Default::default(),
+            notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
+        }
+    }
 }
 
 impl BridgeState {
+    /// Publishes one session-wide message from the upstream GET stream (cheap without
+    /// subscribers).
+    pub fn publish(&self, message: &Bytes) {
+        if self.notes.receiver_count() > 0 {
+            let _ = self.notes.send(message.clone());
+        }
+    }
+
+    /// Session-wide messages of the upstream legacy session from now on (see `publish`).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Bytes> {
+        self.notes.subscribe()
+    }
+
     /// Whether an upstream legacy session is open (for the metrics gauge).
     pub fn has_session(&self) -> bool {
         self.session.load().is_some()
