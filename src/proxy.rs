@@ -164,7 +164,7 @@ where
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
-        Method::DELETE => return legacy::delete(state, path, &parts.headers),
+        Method::DELETE => return legacy::delete(state, ctx, path, &parts.headers),
         _ => return Err(GatewayError::MethodNotAllowed),
     }
     frontend::check_origin(&parts.headers, &state.config.server.allowed_origins)?;

@@ -686,3 +686,59 @@ async fn jwks_url_is_fetched_and_refreshed() {
     assert_eq!(list_as(&url, &bearer(&keys.rs(&claims))).await.status, 401);
     gw.stop().await;
 }
+
+fn legacy_headers<'a>(auth: &'a str, sid: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
+    let mut h = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", auth),
+    ];
+    if let Some(s) = sid {
+        h.push(("mcp-session-id", s));
+        h.push(("mcp-protocol-version", "2025-11-25"));
+    }
+    h
+}
+
+/// A legacy client's session id is bound to the principal that opened it: presented by
+/// another principal it is unknown, 404 like a foreign session, for requests and for DELETE.
+#[tokio::test]
+async fn a_legacy_session_belongs_to_the_principal_that_opened_it() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&api_keys_config(&mock.url(), "")).await;
+    let url = gw.url("/mcp/m");
+    let (alice, bob) = (bearer(ALICE), bearer(BOB));
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"old","version":"1"}}});
+    let r = send(
+        "POST",
+        &url,
+        &legacy_headers(&alice, None),
+        init.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let sid = r.header("mcp-session-id").unwrap().to_string();
+    let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}).to_string();
+    let mine = send(
+        "POST",
+        &url,
+        &legacy_headers(&alice, Some(&sid)),
+        list.clone(),
+    )
+    .await;
+    assert_eq!(mine.status, 200, "{:?}", mine.body);
+    let theirs = send(
+        "POST",
+        &url,
+        &legacy_headers(&bob, Some(&sid)),
+        list.clone(),
+    )
+    .await;
+    assert_eq!(theirs.status, 404, "bob cannot use alice's session");
+    let del = send("DELETE", &url, &legacy_headers(&bob, Some(&sid)), "").await;
+    assert_eq!(del.status, 404, "nor end it");
+    let still = send("POST", &url, &legacy_headers(&alice, Some(&sid)), list).await;
+    assert_eq!(still.status, 200);
+    gw.stop().await;
+}
