@@ -117,9 +117,33 @@ where
             e.into_response(id.as_ref())
         }
     };
+    let resp = limit_sse(&state, &ctx, resp);
     ctx.status = resp.status().as_u16();
     state.observe(&ctx);
     resp
+}
+
+/// Puts an SSE response (relayed or rendered, any route) under `[server] sse_keepalive_ms`
+/// and `max_stream_ms`. One header lookup for everything else.
+fn limit_sse(state: &State, ctx: &RequestCtx, resp: Response<Body>) -> Response<Body> {
+    let server = &state.config.server;
+    if (server.sse_keepalive_ms == 0 && server.max_stream_ms == 0)
+        || !is_event_stream(resp.headers())
+    {
+        return resp;
+    }
+    let last = GatewayError::StreamLimit {
+        max_ms: server.max_stream_ms,
+    };
+    let last = sse_event(&last.to_message(ctx.error_id().as_ref()));
+    resp.map(|body| {
+        Body::Limited(Box::new(crate::body::SseLimits::new(
+            body,
+            std::time::Duration::from_millis(server.sse_keepalive_ms),
+            std::time::Duration::from_millis(server.max_stream_ms),
+            last,
+        )))
+    })
 }
 
 async fn handle_inner<B>(
