@@ -405,8 +405,10 @@ pub struct ApiKeyConfig {
 pub struct JwtConfig {
     /// A JWKS (`{"keys":[…]}`) file.
     pub jwks_file: Option<PathBuf>,
-    /// A JWKS URL (`http://`), fetched at start and every `jwks_refresh_ms`.
+    /// A JWKS URL (`http://` or `https://`), fetched at start and every `jwks_refresh_ms`.
     pub jwks_url: Option<String>,
+    /// Extra PEM CA certificates trusted for an `https://` `jwks_url` (besides webpki roots).
+    pub ca_file: Option<PathBuf>,
     #[serde(default = "default_jwks_refresh_ms")]
     pub jwks_refresh_ms: u64,
     /// Required `iss`.
@@ -917,8 +919,12 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
             }
             if let Some(u) = &j.jwks_url
                 && !u.starts_with("http://")
+                && !u.starts_with("https://")
             {
-                return Err(invalid("auth.jwt.jwks_url", format!("{u:?}: want http://")));
+                return Err(invalid(
+                    "auth.jwt.jwks_url",
+                    format!("{u:?}: want http:// or https://"),
+                ));
             }
         }
         _ => {}
