@@ -72,6 +72,8 @@ pub struct Jwk {
 struct Jwt {
     cfg: JwtConfig,
     keys: ArcSwap<Vec<Jwk>>,
+    /// For an `https://` `jwks_url`: the same rustls setup as backends (`ca_file` honoured).
+    tls: Option<tokio_rustls::TlsConnector>,
 }
 
 /// One token bucket.
@@ -139,9 +141,17 @@ impl Auth {
                     }
                     None => Vec::new(),
                 };
+                let tls = match &j.jwks_url {
+                    Some(u) if u.starts_with("https://") => Some(
+                        crate::upstream::http::tls_connector(j.ca_file.as_deref(), &[b"http/1.1"])
+                            .map_err(|e| format!("auth.jwt.ca_file: {e}"))?,
+                    ),
+                    _ => None,
+                };
                 Some(Arc::new(Jwt {
                     cfg: j.clone(),
                     keys: ArcSwap::from_pointee(keys),
+                    tls,
                 }))
             }
             _ => None,
@@ -173,11 +183,12 @@ impl Auth {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        let tls = jwt.tls.clone();
         let weak: Weak<Jwt> = Arc::downgrade(jwt);
         let every = Duration::from_millis(jwt.cfg.jwks_refresh_ms.max(1000));
         rt.spawn(async move {
             loop {
-                let fetched = fetch_jwks(&url).await;
+                let fetched = fetch_jwks(&url, tls.as_ref()).await;
                 let Some(jwt) = weak.upgrade() else { return };
                 match fetched {
                     Ok(keys) => jwt.keys.store(Arc::new(keys)),
@@ -551,28 +562,71 @@ pub fn parse_jwks(text: &[u8]) -> Result<Vec<Jwk>, String> {
     Ok(out)
 }
 
-/// Fetches a JWKS over plain HTTP with hyper's client.
-async fn fetch_jwks(url: &str) -> Result<Vec<Jwk>, String> {
-    use http_body_util::{BodyExt, Empty, Limited};
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<Empty<Bytes>>();
-    let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
-    let resp = tokio::time::timeout(JWKS_FETCH_TIMEOUT, client.get(uri))
+/// Fetches a JWKS over HTTP or, with `tls`, HTTPS: one HTTP/1.1 GET on a fresh connection
+/// (a refresh every few minutes needs no pool), bounded in time and size.
+async fn fetch_jwks(
+    url: &str,
+    tls: Option<&tokio_rustls::TlsConnector>,
+) -> Result<Vec<Jwk>, String> {
+    let body = tokio::time::timeout(JWKS_FETCH_TIMEOUT, get(url, tls))
         .await
-        .map_err(|_| "timed out".to_string())?
+        .map_err(|_| "timed out".to_string())??;
+    parse_jwks(&body)
+}
+
+async fn get(url: &str, tls: Option<&tokio_rustls::TlsConnector>) -> Result<Bytes, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
+    let host = uri.host().ok_or("no host")?.to_string();
+    let https = uri.scheme_str() == Some("https");
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let req = http::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+        .header(
+            http::header::HOST,
+            uri.authority().map_or(host.as_str(), |a| a.as_str()),
+        )
+        .header(http::header::ACCEPT, "application/json")
+        .body(http_body_util::Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
+    // `[::1]` → `::1` for the socket address and the TLS name.
+    let bare = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let tcp = tokio::net::TcpStream::connect((bare.as_str(), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    match (https, tls) {
+        (true, Some(tls)) => {
+            let name = rustls_pki_types::ServerName::try_from(bare).map_err(|e| e.to_string())?;
+            let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
+            send_get(hyper_util::rt::TokioIo::new(stream), req).await
+        }
+        (true, None) => Err("https:// without a TLS setup".into()),
+        (false, _) => send_get(hyper_util::rt::TokioIo::new(tcp), req).await,
+    }
+}
+
+async fn send_get<IO>(
+    io: IO,
+    req: http::Request<http_body_util::Empty<Bytes>>,
+) -> Result<Bytes, String>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    use http_body_util::{BodyExt, Limited};
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
     if !resp.status().is_success() {
         return Err(format!("HTTP {}", resp.status()));
     }
-    let body = tokio::time::timeout(
-        JWKS_FETCH_TIMEOUT,
-        Limited::new(resp.into_body(), MAX_JWKS_BYTES).collect(),
-    )
-    .await
-    .map_err(|_| "timed out".to_string())?
-    .map_err(|e| e.to_string())?
-    .to_bytes();
-    parse_jwks(&body)
+    Ok(Limited::new(resp.into_body(), MAX_JWKS_BYTES)
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes())
 }
 
 /// The bearer token of a request.

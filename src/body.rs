@@ -6,8 +6,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use http_body::{Frame, SizeHint};
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
 
 use crate::upstream::http::RelayBody;
 
@@ -24,6 +27,8 @@ pub enum Body {
     Relay(RelayBody),
     /// Chunks produced over time (SSE that portico renders itself).
     Stream(BoxStream<'static, Bytes>),
+    /// An SSE body under `[server]` keep-alive and duration limits ([`SseLimits`]).
+    Limited(Box<SseLimits>),
 }
 
 impl Body {
@@ -45,6 +50,7 @@ impl http_body::Body for Body {
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             Body::Relay(r) => Pin::new(r).poll_frame(cx),
             Body::Stream(s) => s.poll_next_unpin(cx).map(|c| c.map(|b| Ok(Frame::data(b)))),
+            Body::Limited(l) => l.poll_frame(cx),
         }
     }
 
@@ -54,6 +60,7 @@ impl http_body::Body for Body {
             Body::Full(b) => b.is_none(),
             Body::Relay(r) => r.is_end_stream(),
             Body::Stream(_) => false,
+            Body::Limited(l) => l.done,
         }
     }
 
@@ -63,7 +70,7 @@ impl http_body::Body for Body {
             Body::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             Body::Full(None) => SizeHint::with_exact(0),
             Body::Relay(r) => r.size_hint(),
-            Body::Stream(_) => SizeHint::default(),
+            Body::Stream(_) | Body::Limited(_) => SizeHint::default(),
         }
     }
 }
@@ -82,4 +89,94 @@ pub fn sse_event(message: &[u8]) -> Bytes {
     }
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
+}
+
+/// The comment line sent on an idle SSE stream; clients ignore comments (digest §4).
+const KEEPALIVE: &[u8] = b": keep-alive\n\n";
+
+/// Wraps an SSE response body: a `: keep-alive` comment whenever it has been idle for
+/// `keepalive`, and an end after `max` with a last event (the JSON-RPC error for the request).
+/// Only SSE responses are wrapped, so JSON answers carry no timer at all.
+///
+/// A relayed upstream stream arrives in arbitrary chunks, so comments and the final event are
+/// inserted only at an event boundary (after a blank line); a stream cut mid-event by the
+/// duration limit just ends, since finishing the event would hand the client broken JSON.
+pub struct SseLimits {
+    inner: Body,
+    keepalive: Option<(Duration, Pin<Box<Sleep>>)>,
+    end: Option<(Pin<Box<Sleep>>, Bytes)>,
+    /// The bytes sent so far end an event (or nothing was sent).
+    at_boundary: bool,
+    done: bool,
+}
+
+impl SseLimits {
+    /// `keepalive` / `max` of zero turn that limit off; `last` is the event sent at `max`.
+    pub fn new(inner: Body, keepalive: Duration, max: Duration, last: Bytes) -> SseLimits {
+        let now = Instant::now();
+        SseLimits {
+            inner,
+            keepalive: (!keepalive.is_zero()).then(|| {
+                (
+                    keepalive,
+                    Box::pin(tokio::time::sleep_until(now + keepalive)),
+                )
+            }),
+            end: (!max.is_zero()).then(|| (Box::pin(tokio::time::sleep_until(now + max)), last)),
+            at_boundary: true,
+            done: false,
+        }
+    }
+
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if let Some((timer, _)) = &mut self.end
+            && timer.as_mut().poll(cx).is_ready()
+        {
+            self.done = true;
+            let last = self.end.take().map(|(_, last)| last);
+            // Dropping the inner body now cancels the upstream side.
+            self.inner = Body::Empty;
+            return Poll::Ready(match last {
+                Some(last) if self.at_boundary => Some(Ok(Frame::data(last))),
+                _ => None,
+            });
+        }
+        match http_body::Body::poll_frame(Pin::new(&mut self.inner), cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref()
+                    && !data.is_empty()
+                {
+                    self.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+                    if let Some((every, timer)) = &mut self.keepalive {
+                        timer.as_mut().reset(Instant::now() + *every);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Pending => {
+                if let Some((every, timer)) = &mut self.keepalive
+                    && timer.as_mut().poll(cx).is_ready()
+                {
+                    timer.as_mut().reset(Instant::now() + *every);
+                    // Registers the new deadline with the waker.
+                    let _ = timer.as_mut().poll(cx);
+                    if self.at_boundary {
+                        return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(KEEPALIVE)))));
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
 }

@@ -16,6 +16,9 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Idle time before an SSE response gets a keep-alive comment (below common 30-60 s proxy
+/// idle timeouts).
+pub const DEFAULT_SSE_KEEPALIVE_MS: u64 = 15_000;
 pub const DEFAULT_SESSION_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 pub const DEFAULT_CACHE_MAX_TTL_MS: u64 = 5 * 60 * 1000;
 pub const DEFAULT_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
@@ -110,6 +113,14 @@ pub struct ServerConfig {
     /// Largest request head accepted on HTTP/1.1.
     #[serde(default = "default_max_header_bytes")]
     pub max_header_bytes: usize,
+    /// An SSE response idle this long gets a `: keep-alive` comment line (0 = never), so
+    /// proxies and load balancers do not cut quiet streams (listen streams, slow tools).
+    #[serde(default = "default_sse_keepalive_ms")]
+    pub sse_keepalive_ms: u64,
+    /// An SSE response is ended after this long, with a JSON-RPC error for the request
+    /// (0 = unlimited).
+    #[serde(default)]
+    pub max_stream_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -124,6 +135,8 @@ impl Default for ServerConfig {
             drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
             header_read_timeout_ms: DEFAULT_HEADER_READ_TIMEOUT_MS,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            sse_keepalive_ms: DEFAULT_SSE_KEEPALIVE_MS,
+            max_stream_ms: 0,
         }
     }
 }
@@ -411,8 +424,10 @@ pub struct ApiKeyConfig {
 pub struct JwtConfig {
     /// A JWKS (`{"keys":[…]}`) file.
     pub jwks_file: Option<PathBuf>,
-    /// A JWKS URL (`http://`), fetched at start and every `jwks_refresh_ms`.
+    /// A JWKS URL (`http://` or `https://`), fetched at start and every `jwks_refresh_ms`.
     pub jwks_url: Option<String>,
+    /// Extra PEM CA certificates trusted for an `https://` `jwks_url` (besides webpki roots).
+    pub ca_file: Option<PathBuf>,
     #[serde(default = "default_jwks_refresh_ms")]
     pub jwks_refresh_ms: u64,
     /// Required `iss`.
@@ -523,6 +538,10 @@ fn default_drain_timeout_ms() -> u64 {
 fn default_header_read_timeout_ms() -> u64 {
     DEFAULT_HEADER_READ_TIMEOUT_MS
 }
+fn default_sse_keepalive_ms() -> u64 {
+    DEFAULT_SSE_KEEPALIVE_MS
+}
+
 fn default_max_header_bytes() -> usize {
     DEFAULT_MAX_HEADER_BYTES
 }
@@ -970,8 +989,12 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
             }
             if let Some(u) = &j.jwks_url
                 && !u.starts_with("http://")
+                && !u.starts_with("https://")
             {
-                return Err(invalid("auth.jwt.jwks_url", format!("{u:?}: want http://")));
+                return Err(invalid(
+                    "auth.jwt.jwks_url",
+                    format!("{u:?}: want http:// or https://"),
+                ));
             }
         }
         _ => {}

@@ -89,6 +89,9 @@ pub enum GatewayError {
     },
     #[error("Resource not found: {uri}")]
     ResourceNotFound { uri: String },
+    /// A response stream ran into `[server] max_stream_ms` and was ended by portico.
+    #[error("response stream ended after {max_ms} ms (server.max_stream_ms); re-issue the request")]
+    StreamLimit { max_ms: u64 },
 }
 
 impl GatewayError {
@@ -99,7 +102,9 @@ impl GatewayError {
                 Fault::Backend
             }
             CircuitOpen { .. } => Fault::Backend,
-            Overloaded { .. } | Internal(_) | NameCollision { .. } => Fault::Gateway,
+            Overloaded { .. } | Internal(_) | NameCollision { .. } | StreamLimit { .. } => {
+                Fault::Gateway
+            }
             _ => Fault::Client,
         }
     }
@@ -123,7 +128,7 @@ impl GatewayError {
             | ResourceNotFound { .. }
             | BadRequest(_) => StatusCode::BAD_REQUEST,
             BackendUnreachable { .. } | BackendFailed { .. } => StatusCode::BAD_GATEWAY,
-            BackendTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            BackendTimeout { .. } | StreamLimit { .. } => StatusCode::GATEWAY_TIMEOUT,
             Overloaded { .. } | CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
@@ -162,7 +167,8 @@ impl GatewayError {
             | Overloaded { .. }
             | CircuitOpen { .. }
             | Internal(_)
-            | NameCollision { .. } => code::INTERNAL_ERROR,
+            | NameCollision { .. }
+            | StreamLimit { .. } => code::INTERNAL_ERROR,
         }
     }
 
@@ -198,6 +204,7 @@ impl GatewayError {
             Internal(_) => "internal",
             NameCollision { .. } => "name_collision",
             ResourceNotFound { .. } => "resource_not_found",
+            StreamLimit { .. } => "stream_limit",
         }
     }
 

@@ -78,6 +78,7 @@ fn jwt_auth() -> &'static Auth {
             jwt: Some(crate::config::JwtConfig {
                 jwks_file: Some(jwks),
                 jwks_url: None,
+                ca_file: None,
                 jwks_refresh_ms: crate::config::DEFAULT_JWKS_REFRESH_MS,
                 issuer: Some("i".into()),
                 audience: Some("a".into()),

@@ -5,7 +5,8 @@
 //! Where the notifications come from depends on what the backend speaks:
 //! - 2026-07-28 over HTTP or stdio: portico's own `subscriptions/listen` request, opted in to
 //!   every list-changed kind; the backend streams `notifications/*/list_changed` on it.
-//! - initialize era over HTTP: the standalone `GET` SSE stream of portico's upstream session.
+//! - initialize era over HTTP: the standalone `GET` SSE stream of portico's upstream session
+//!   (its messages are also published to the bridge's subscribers: aggregated listen streams).
 //! - initialize era over stdio: the child's unsolicited messages (`StdioUpstream::subscribe`).
 //!
 //! A watcher starts lazily, the first time a result of that backend is actually stored — a
@@ -175,7 +176,8 @@ pub fn apply(cache: &Cache, backend: &str, message: &[u8]) -> bool {
     true
 }
 
-/// Drains one stream of server messages into the cache until it ends.
+/// Drains one stream of server messages into the cache until it ends; with `publish`, also
+/// hands each message to the bridge's subscribers (a legacy session's GET stream).
 async fn drain(
     backend: &Backend,
     cache: &Cache,
@@ -183,11 +185,15 @@ async fn drain(
         'static,
         Result<Bytes, crate::upstream::UpstreamError>,
     >,
+    publish: bool,
 ) -> Ended {
     while let Some(item) = messages.next().await {
         match item {
             Ok(msg) => {
                 apply(cache, &backend.name, &msg);
+                if publish {
+                    backend.bridge.publish(&msg);
+                }
             }
             Err(e) => return Ended::Failed(e.to_string()),
         }
@@ -235,7 +241,7 @@ async fn listen(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ende
                 // Reconnected: whatever changed while we were deaf is unknown.
                 cache.purge_backend(&backend.name);
             }
-            drain(backend, cache, stream).await
+            drain(backend, cache, stream, false).await
         }
         MessageStream::One(msg) => {
             // A single JSON answer: an error (listen unsupported) or an immediate close.
@@ -291,7 +297,7 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
             if !first {
                 cache.purge_backend(&backend.name);
             }
-            drain(backend, cache, stream).await
+            drain(backend, cache, stream, true).await
         }
         _ if reply.status == http::StatusCode::METHOD_NOT_ALLOWED => {
             Ended::Unsupported("the legacy server offers no GET stream (405)".into())

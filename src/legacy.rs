@@ -62,7 +62,7 @@ pub async fn serve(
     };
     let session = state
         .sessions
-        .open(sid, path)
+        .open(sid, path, principal_id(ctx))
         .ok_or(GatewayError::SessionNotFound)?;
     if let Some(v) = &head.version
         && *v != session.v
@@ -113,6 +113,7 @@ pub async fn serve(
 /// forget; the client is told it worked when the id is ours.
 pub fn delete(
     state: &State,
+    ctx: &RequestCtx,
     path: &str,
     headers: &HeaderMap,
 ) -> Result<Response<Body>, GatewayError> {
@@ -122,11 +123,16 @@ pub fn delete(
     };
     state
         .sessions
-        .open(&sid, path)
+        .open(&sid, path, principal_id(ctx))
         .ok_or(GatewayError::SessionNotFound)?;
     let mut resp = Response::new(Body::Empty);
     *resp.status_mut() = StatusCode::OK;
     Ok(resp)
+}
+
+/// The authenticated caller a session is bound to (`None`: anonymous).
+fn principal_id(ctx: &RequestCtx) -> Option<&str> {
+    ctx.principal.as_deref().map(|p| p.id.as_str())
 }
 
 fn accepted() -> Response<Body> {
@@ -171,7 +177,8 @@ async fn initialize(
         _ => json!({}),
     };
     let info = params.get("clientInfo").filter(|i| i.is_object()).cloned();
-    let session = state.sessions.data(version, caps, info, path);
+    let mut session = state.sessions.data(version, caps, info, path);
+    session.pr = principal_id(ctx).map(String::from);
     // Describe the backend from its discover result (cached like any other discover).
     let discover = modernize(
         br#"{"jsonrpc":"2.0","id":"portico-initialize","method":"server/discover","params":{}}"#,

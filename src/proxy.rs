@@ -117,9 +117,33 @@ where
             e.into_response(id.as_ref())
         }
     };
+    let resp = limit_sse(&state, &ctx, resp);
     ctx.status = resp.status().as_u16();
     state.observe(&ctx);
     resp
+}
+
+/// Puts an SSE response (relayed or rendered, any route) under `[server] sse_keepalive_ms`
+/// and `max_stream_ms`. One header lookup for everything else.
+fn limit_sse(state: &State, ctx: &RequestCtx, resp: Response<Body>) -> Response<Body> {
+    let server = &state.config.server;
+    if (server.sse_keepalive_ms == 0 && server.max_stream_ms == 0)
+        || !is_event_stream(resp.headers())
+    {
+        return resp;
+    }
+    let last = GatewayError::StreamLimit {
+        max_ms: server.max_stream_ms,
+    };
+    let last = sse_event(&last.to_message(ctx.error_id().as_ref()));
+    resp.map(|body| {
+        Body::Limited(Box::new(crate::body::SseLimits::new(
+            body,
+            std::time::Duration::from_millis(server.sse_keepalive_ms),
+            std::time::Duration::from_millis(server.max_stream_ms),
+            last,
+        )))
+    })
 }
 
 async fn handle_inner<B>(
@@ -164,7 +188,7 @@ where
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
-        Method::DELETE => return legacy::delete(state, path, &parts.headers),
+        Method::DELETE => return legacy::delete(state, ctx, path, &parts.headers),
         _ => return Err(GatewayError::MethodNotAllowed),
     }
     frontend::check_origin(&parts.headers, &state.config.server.allowed_origins)?;
@@ -426,7 +450,7 @@ async fn call_backend(
     match (env.kind, verdict) {
         // Legacy backends: translated and multiplexed over the upstream session.
         (_, Verdict::Legacy) => {
-            bridge::call(
+            match bridge::call(
                 backend,
                 &env.method,
                 env.id.as_ref(),
@@ -434,7 +458,15 @@ async fn call_backend(
                 headers,
                 deadline,
             )
-            .await
+            .await?
+            {
+                bridge::Bridged::Answer(reply) => Ok(reply),
+                // The probe had it wrong (a slow-starting modern server): re-probed, so this
+                // request and every later one take the modern path.
+                bridge::Bridged::Modern => {
+                    forward(ctx, backend, headers, env, body, deadline).await
+                }
+            }
         }
         // Modern backends, on the message path.
         _ => forward(ctx, backend, headers, env, body, deadline).await,

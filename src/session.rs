@@ -38,6 +38,10 @@ pub struct SessionData {
     pub info: Option<Value>,
     /// The endpoint path the session was opened on.
     pub path: String,
+    /// The authenticated principal that opened it (`[auth]`); `None` for an anonymous caller.
+    /// Only the same principal may use the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pr: Option<String>,
     /// Expiry, milliseconds since the Unix epoch.
     pub exp: u64,
 }
@@ -162,24 +166,34 @@ impl Sessions {
         )
     }
 
-    /// New session data for a client that just initialized on `path`.
+    /// New session data for a client that just initialized on `path` (anonymous; set `pr` for
+    /// an authenticated caller).
     pub fn data(&self, version: &str, caps: Value, info: Option<Value>, path: &str) -> SessionData {
         SessionData {
             v: version.to_string(),
             caps,
             info,
             path: path.to_string(),
+            pr: None,
             exp: now_ms().saturating_add(self.ttl.as_millis() as u64),
         }
     }
 
-    /// Opens an id: `None` when it was tampered with, sealed under another key, expired, or
-    /// minted for another endpoint.
-    pub fn open(&self, id: &str, path: &str) -> Option<SessionData> {
-        self.open_at(id, path, now_ms())
+    /// Opens an id presented by `principal` (`None`: anonymous): `None` when it was tampered
+    /// with, sealed under another key, expired, minted for another endpoint, or opened by
+    /// another principal — a session id is a bearer token, so a leaked one must not let
+    /// someone else (or an anonymous caller) act within it.
+    pub fn open(&self, id: &str, path: &str, principal: Option<&str>) -> Option<SessionData> {
+        self.open_at(id, path, principal, now_ms())
     }
 
-    pub fn open_at(&self, id: &str, path: &str, now: u64) -> Option<SessionData> {
+    pub fn open_at(
+        &self,
+        id: &str,
+        path: &str,
+        principal: Option<&str>,
+        now: u64,
+    ) -> Option<SessionData> {
         let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(id.strip_prefix(PREFIX)?)
             .ok()?;
@@ -194,7 +208,7 @@ impl Sessions {
             .open_in_place(nonce, Aad::from(AAD), &mut sealed)
             .ok()?;
         let data: SessionData = serde_json::from_slice(plain).ok()?;
-        (data.exp > now && data.path == path).then_some(data)
+        (data.exp > now && data.path == path && data.pr.as_deref() == principal).then_some(data)
     }
 }
 
@@ -224,23 +238,40 @@ mod tests {
             id.bytes().all(|b| (0x21..=0x7e).contains(&b)),
             "visible ASCII"
         );
-        assert_eq!(s.open(&id, "/mcp/a"), Some(d.clone()));
+        assert_eq!(s.open(&id, "/mcp/a", None), Some(d.clone()));
         // Another replica with the same key.
         assert_eq!(
-            sessions("correct horse battery staple").open(&id, "/mcp/a"),
+            sessions("correct horse battery staple").open(&id, "/mcp/a", None),
             Some(d.clone())
         );
         // Foreign key, other endpoint, expiry, tampering, garbage.
-        assert_eq!(sessions("other").open(&id, "/mcp/a"), None);
-        assert_eq!(s.open(&id, "/mcp/b"), None);
-        assert_eq!(s.open_at(&id, "/mcp/a", d.exp + 1), None);
+        assert_eq!(sessions("other").open(&id, "/mcp/a", None), None);
+        assert_eq!(s.open(&id, "/mcp/b", None), None);
+        assert_eq!(s.open_at(&id, "/mcp/a", None, d.exp + 1), None);
         let mut bytes = id.clone().into_bytes();
         let i = bytes.len() / 2;
         bytes[i] = if bytes[i] == b'A' { b'B' } else { b'A' };
-        assert_eq!(s.open(&String::from_utf8(bytes).unwrap(), "/mcp/a"), None);
+        assert_eq!(
+            s.open(&String::from_utf8(bytes).unwrap(), "/mcp/a", None),
+            None
+        );
         for junk in ["", "p1.", "p1.!!", "x", "p1.AAAA"] {
-            assert_eq!(s.open(junk, "/mcp/a"), None, "{junk:?}");
+            assert_eq!(s.open(junk, "/mcp/a", None), None, "{junk:?}");
         }
+    }
+
+    #[test]
+    fn a_session_belongs_to_its_principal() {
+        let s = sessions("k");
+        let mut d = s.data("2025-11-25", json!({}), None, "/mcp/a");
+        d.pr = Some("alice".into());
+        let id = s.mint(&d);
+        assert_eq!(s.open(&id, "/mcp/a", Some("alice")), Some(d));
+        assert_eq!(s.open(&id, "/mcp/a", Some("bob")), None);
+        assert_eq!(s.open(&id, "/mcp/a", None), None, "anonymous");
+        let anon = s.mint(&s.data("2025-11-25", json!({}), None, "/mcp/a"));
+        assert!(s.open(&anon, "/mcp/a", None).is_some());
+        assert_eq!(s.open(&anon, "/mcp/a", Some("alice")), None);
     }
 
     #[test]
@@ -252,6 +283,6 @@ mod tests {
         assert_ne!(key_bytes("passphrase"), [0u8; 32]);
         let a = sessions(&b64);
         let id = a.mint(&a.data("2025-11-25", json!({}), None, "/p"));
-        assert!(sessions(&hexed).open(&id, "/p").is_some());
+        assert!(sessions(&hexed).open(&id, "/p", None).is_some());
     }
 }

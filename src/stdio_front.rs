@@ -355,7 +355,7 @@ impl LineCtx<'_> {
             let resp = crate::proxy::handle(self.state.clone(), req).await;
             if let Some(sid) = resp.headers().get(h::SESSION_ID)
                 && let Ok(text) = sid.to_str()
-                && let Some(data) = self.state.sessions.open(text, self.path)
+                && let Some(data) = self.state.sessions.open(text, self.path, None)
                 && let Ok(version) = HeaderValue::from_str(&data.v)
             {
                 *self.session = Some(LegacyClient {

@@ -17,8 +17,10 @@
 //!   whose answer stream carries them;
 //! - stdio (either era): the child's notification broadcast (`StdioUpstream::subscribe`); a
 //!   modern child also gets the listen request, so it knows to send them;
-//! - legacy HTTP: none — the bridge keeps no GET stream and drops session-wide notifications
-//!   (they would leak other clients' activity), so such a member is skipped (logged).
+//! - legacy HTTP: the standalone GET stream of portico's upstream session. The cache watcher
+//!   (`invalidation`) owns that stream — servers may allow only one per session — and
+//!   publishes its messages (`BridgeState::subscribe`); only `list_changed` is relayed, which
+//!   says nothing about other clients' activity (log lines and the rest are not).
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -151,7 +153,12 @@ async fn open(
     let verdict = bridge::ensure_verdict(b).await?;
     let broadcast = match &b.upstream {
         Upstream::Stdio(s) => Some(s.subscribe()),
-        Upstream::Http(_) if verdict == Verdict::Legacy => return Ok(None),
+        Upstream::Http(_) if verdict == Verdict::Legacy => {
+            // Subscribe first, then make sure the GET stream is (being) opened.
+            let rx = b.bridge.subscribe();
+            req.state.watchers.ensure(b, &req.state.cache);
+            Some(rx)
+        }
         _ => None,
     };
     let mut listened: Option<BoxStream<'static, &'static str>> = None;

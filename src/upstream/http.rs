@@ -104,7 +104,7 @@ impl HttpUpstream {
             .map_err(|e| format!("{url}: {e}"))?;
         let tls = if https {
             Some(Tls {
-                connector: tls_connector(cfg)?,
+                connector: tls_connector(cfg.ca_file.as_deref(), &[b"h2", b"http/1.1"])?,
                 server_name: rustls_pki_types::ServerName::try_from(bare_host)
                     .map_err(|e| format!("{url}: {e}"))?,
             })
@@ -358,10 +358,15 @@ where
     Ok(Sender::H1(s))
 }
 
-fn tls_connector(cfg: &BackendConfig) -> Result<tokio_rustls::TlsConnector, String> {
+/// The rustls client setup portico uses for every outgoing TLS connection (backends, JWKS):
+/// the webpki roots plus an optional PEM `ca_file`, offering the given ALPN protocols.
+pub fn tls_connector(
+    ca_file: Option<&std::path::Path>,
+    alpn: &[&[u8]],
+) -> Result<tokio_rustls::TlsConnector, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = &cfg.ca_file {
+    if let Some(path) = ca_file {
         use rustls_pki_types::pem::PemObject;
         let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
             .map_err(|e| format!("ca_file {}: {e}", path.display()))?;
@@ -378,7 +383,7 @@ fn tls_connector(cfg: &BackendConfig) -> Result<tokio_rustls::TlsConnector, Stri
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 

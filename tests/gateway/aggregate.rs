@@ -510,3 +510,61 @@ async fn list_changed_reaches_a_listener_once() {
     drop(body);
     gw.stop().await;
 }
+
+/// A legacy HTTP member's `list_changed` arrives on its upstream session's GET stream; it
+/// reaches the aggregated listener (subscription id rewritten, debounced) like the others.
+#[tokio::test]
+async fn list_changed_from_a_legacy_member_reaches_a_listener() {
+    let a = MockMcp::modern().start().await;
+    let c = MockMcp::legacy().list_changed().start().await;
+    let gw = Gateway::start(&config(
+        &[&a.url(), &dead_url(), &c.url()],
+        "'a', 'c'",
+        "debounce_ms = 150",
+    ))
+    .await;
+    let params = json!({"notifications":{"toolsListChanged":true}});
+    let resp = send_stream(
+        "POST",
+        &gw.url("/mcp"),
+        &modern_headers("subscriptions/listen", None),
+        modern_body(json!("L7"), "subscriptions/listen", params),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut dec = portico::sse::SseDecoder::new(1 << 20);
+    let first = read_for(&mut body, &mut dec, Duration::from_millis(300)).await;
+    assert_eq!(
+        first[0]["method"], "notifications/subscriptions/acknowledged",
+        "{first:?}"
+    );
+    // The GET stream is opened by portico in the background; wait for it (bounded).
+    let opened = Instant::now();
+    while c.get_streams() == 0 {
+        assert!(
+            opened.elapsed() < Duration::from_secs(5),
+            "portico never opened the legacy session's GET stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.add_tool("new_c");
+    c.add_tool("newer_c");
+    let notes = read_for(&mut body, &mut dec, Duration::from_millis(600)).await;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0]["method"], "notifications/tools/list_changed");
+    assert_eq!(
+        notes[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L7"
+    );
+    assert_eq!(c.get_streams(), 1, "one GET stream per upstream session");
+    let v = mcp(&gw.url("/mcp"), json!(1), "tools/list", json!({}))
+        .await
+        .json();
+    assert!(
+        names(&v, "tools").contains(&"c__newer_c".to_string()),
+        "{v}"
+    );
+    drop(body);
+    gw.stop().await;
+}

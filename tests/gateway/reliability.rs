@@ -1,6 +1,7 @@
 //! Reliability: hot reload and drain under load lose no request; a backend killed mid-load
 //! gives every client an error within its timeout, opens the breaker, and the breaker closes
-//! once the backend is back.
+//! once the backend is back. SSE limits: idle streams get keep-alive comments, and a stream
+//! that runs past `max_stream_ms` ends with an error for its request.
 
 use serde_json::json;
 use std::sync::Arc;
@@ -237,5 +238,107 @@ async fn a_killed_backend_fails_fast_opens_the_breaker_and_it_closes_again() {
         "every client got its answer within the backend timeout"
     );
     assert!(mock.count("tools/list") >= 1);
+    gw.stop().await;
+}
+
+// === SSE limits ===
+
+/// Everything a streamed response sends within `within` (or until it ends), as text, and
+/// whether it ended.
+async fn read_raw(resp: http::Response<hyper::body::Incoming>, within: Duration) -> (String, bool) {
+    use http_body_util::BodyExt;
+    let mut body = resp.into_body();
+    let end = tokio::time::Instant::now() + within;
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout_at(end, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    out.extend_from_slice(&data);
+                }
+            }
+            Ok(_) => return (String::from_utf8_lossy(&out).into_owned(), true),
+            Err(_) => return (String::from_utf8_lossy(&out).into_owned(), false),
+        }
+    }
+}
+
+async fn listen(url: &str) -> http::Response<hyper::body::Incoming> {
+    use crate::common::{modern_body, modern_headers, send_stream};
+    let resp = send_stream(
+        "POST",
+        url,
+        &modern_headers("subscriptions/listen", None),
+        modern_body(
+            json!("L1"),
+            "subscriptions/listen",
+            json!({"notifications":{"toolsListChanged":true}}),
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+/// A quiet relayed listen stream gets `: keep-alive` comments at the configured idle
+/// interval; with the interval at 0 it gets none.
+#[tokio::test]
+async fn idle_sse_streams_get_keep_alive_comments() {
+    let mock = MockMcp::modern().list_changed().start().await;
+    for (keepalive, want) in [(100, true), (0, false)] {
+        let gw = crate::common::Gateway::start(&format!(
+            "[server]\nsse_keepalive_ms = {keepalive}\n{}",
+            backend("m", &mock.url())
+        ))
+        .await;
+        let (text, ended) =
+            read_raw(listen(&gw.url("/mcp/m")).await, Duration::from_millis(550)).await;
+        assert!(!ended, "a listen stream stays open: {text}");
+        assert!(
+            text.contains("notifications/subscriptions/acknowledged"),
+            "{text}"
+        );
+        let beats = text.matches(": keep-alive\n\n").count();
+        if want {
+            assert!(
+                (2..=6).contains(&beats),
+                "{beats} keep-alives in 550 ms: {text:?}"
+            );
+        } else {
+            assert_eq!(beats, 0, "{text:?}");
+        }
+        gw.stop().await;
+    }
+}
+
+/// `max_stream_ms` ends a long stream with a JSON-RPC error for its request id.
+#[tokio::test]
+async fn a_stream_past_max_stream_ms_ends_with_an_error_event() {
+    let mock = MockMcp::modern().list_changed().start().await;
+    let gw = crate::common::Gateway::start(&format!(
+        "[server]\nmax_stream_ms = 300\n{}",
+        backend("m", &mock.url())
+    ))
+    .await;
+    let started = Instant::now();
+    let (text, ended) = read_raw(listen(&gw.url("/mcp/m")).await, Duration::from_secs(5)).await;
+    assert!(ended, "the stream was ended: {text}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let mut dec = portico::sse::SseDecoder::new(1 << 20);
+    dec.push(text.as_bytes());
+    let mut events = Vec::new();
+    while let Ok(Some(ev)) = dec.next_event() {
+        events.push(serde_json::from_slice::<serde_json::Value>(&ev).unwrap());
+    }
+    let last = events.last().expect("events");
+    assert_eq!(last["id"], "L1", "{events:?}");
+    assert_eq!(last["error"]["code"], -32603, "{last}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_stream_ms"),
+        "{last}"
+    );
     gw.stop().await;
 }

@@ -686,3 +686,211 @@ async fn jwks_url_is_fetched_and_refreshed() {
     assert_eq!(list_as(&url, &bearer(&keys.rs(&claims))).await.status, 401);
     gw.stop().await;
 }
+
+/// A CA and a leaf certificate for `localhost` / `127.0.0.1` it signed, made with `openssl`
+/// in a fresh directory: (ca.pem, leaf.pem, leaf.key).
+fn test_pki() -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("portico-pki-{}-{}", std::process::id(), now()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("openssl must be installed for this test");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=portico test CA",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-keyout",
+            "leaf.key",
+            "-out",
+            "leaf.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    ]
+    .concat());
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("leaf.pem"),
+        dir.join("leaf.key"),
+    )
+}
+
+/// `jwks_url` over https: trusted through `ca_file`; without it the private CA is refused and
+/// no key is loaded.
+#[tokio::test]
+async fn jwks_url_over_https_with_a_private_ca() {
+    let (ca, cert, key) = test_pki();
+    let tls = portico::server::tls_acceptor(&portico::config::ServerConfig {
+        tls_cert: Some(cert),
+        tls_key: Some(key),
+        ..Default::default()
+    })
+    .unwrap()
+    .unwrap();
+    let keys = Keys::new();
+    let doc = keys.jwks().to_string();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let (tls, doc) = (tls.clone(), doc.clone());
+            tokio::spawn(async move {
+                let Ok(mut tcp) = tls.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = [0u8; 2048];
+                let _ = tcp.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
+                    doc.len()
+                );
+                let _ = tcp.write_all(resp.as_bytes()).await;
+                let _ = tcp.shutdown().await;
+            });
+        }
+    });
+    let mock = MockMcp::modern().start().await;
+    let config = |ca_line: &str| {
+        format!(
+            "[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_url = \"https://localhost:{}/jwks\"\n{ca_line}\n\
+             [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+            addr.port(),
+            mock.url()
+        )
+    };
+    let token = keys.rs(&json!({"sub": "carol", "exp": now() + 300}));
+    let gw = Gateway::start(&config(&format!(
+        "ca_file = {:?}",
+        ca.display().to_string()
+    )))
+    .await;
+    let url = gw.url("/mcp/m");
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        let s = list_as(&url, &bearer(&token)).await.status;
+        if s == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    gw.stop().await;
+    let gw = Gateway::start(&config("")).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        list_as(&gw.url("/mcp/m"), &bearer(&token)).await.status,
+        401,
+        "an unknown CA is not trusted"
+    );
+    gw.stop().await;
+    server.abort();
+}
+
+fn legacy_headers<'a>(auth: &'a str, sid: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
+    let mut h = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", auth),
+    ];
+    if let Some(s) = sid {
+        h.push(("mcp-session-id", s));
+        h.push(("mcp-protocol-version", "2025-11-25"));
+    }
+    h
+}
+
+/// A legacy client's session id is bound to the principal that opened it: presented by
+/// another principal it is unknown, 404 like a foreign session, for requests and for DELETE.
+#[tokio::test]
+async fn a_legacy_session_belongs_to_the_principal_that_opened_it() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&api_keys_config(&mock.url(), "")).await;
+    let url = gw.url("/mcp/m");
+    let (alice, bob) = (bearer(ALICE), bearer(BOB));
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"old","version":"1"}}});
+    let r = send(
+        "POST",
+        &url,
+        &legacy_headers(&alice, None),
+        init.to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let sid = r.header("mcp-session-id").unwrap().to_string();
+    let list = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}).to_string();
+    let mine = send(
+        "POST",
+        &url,
+        &legacy_headers(&alice, Some(&sid)),
+        list.clone(),
+    )
+    .await;
+    assert_eq!(mine.status, 200, "{:?}", mine.body);
+    let theirs = send(
+        "POST",
+        &url,
+        &legacy_headers(&bob, Some(&sid)),
+        list.clone(),
+    )
+    .await;
+    assert_eq!(theirs.status, 404, "bob cannot use alice's session");
+    let del = send("DELETE", &url, &legacy_headers(&bob, Some(&sid)), "").await;
+    assert_eq!(del.status, 404, "nor end it");
+    let still = send("POST", &url, &legacy_headers(&alice, Some(&sid)), list).await;
+    assert_eq!(still.status, 200);
+    gw.stop().await;
+}

@@ -593,6 +593,47 @@ mod bridged {
         gw.stop().await;
     }
 
+    /// A 2026-07-28 server that starts more slowly than `probe_timeout_ms` is probed as
+    /// legacy; the bridge's `initialize` is then refused the way only a modern server refuses
+    /// it, so portico re-probes and serves that very first request on the modern path.
+    #[tokio::test]
+    async fn a_slow_starting_modern_stdio_server_serves_the_first_request() {
+        for first in ["tools/call", "server/discover"] {
+            let gw = gateway(
+                &["--modern", "--slow-start", "700"],
+                "probe_timeout_ms = 150
+",
+            )
+            .await;
+            let url = gw.url("/mcp/s");
+            let r = if first == "tools/call" {
+                call(&url, json!(1), "echo", json!({"text": "hi"})).await
+            } else {
+                mcp(&url, json!(1), "server/discover", json!({})).await
+            };
+            assert_eq!(
+                r.status,
+                200,
+                "{first}: {:?}",
+                String::from_utf8_lossy(&r.body)
+            );
+            let res = &r.json()["result"];
+            if first == "tools/call" {
+                assert_eq!(res["content"][0]["text"], "hi");
+            } else {
+                assert_eq!(
+                    res["ttlMs"], 60000,
+                    "the server's own discover result, not the bridge's: {res}"
+                );
+            }
+            // The modern path: the server's own cache hints, not the bridge's defaults.
+            let l = mcp(&url, json!(2), "tools/list", json!({})).await.json();
+            assert_eq!(l["result"]["ttlMs"], 60000, "{l}");
+            assert_eq!(l["result"]["cacheScope"], "public", "{l}");
+            gw.stop().await;
+        }
+    }
+
     #[tokio::test]
     async fn server_requests_of_a_legacy_stdio_server_are_answered() {
         let gw = gateway(&["--legacy"], "").await;

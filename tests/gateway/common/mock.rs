@@ -88,7 +88,8 @@ pub struct MockState {
     extra_tools: Mutex<Vec<String>>,
     /// Open `subscriptions/listen` streams.
     listeners: Mutex<Vec<mpsc::Sender<Bytes>>>,
-    /// Legacy: the GET-less notification channel: notifications queued for the next SSE answer.
+    /// Legacy: open standalone GET SSE streams (where session-wide notifications go).
+    get_streams: Mutex<Vec<mpsc::Sender<Bytes>>>,
     pub deletes: AtomicU64,
 }
 
@@ -198,6 +199,7 @@ impl MockMcp {
             down: AtomicBool::new(false),
             extra_tools: Mutex::new(Vec::new()),
             listeners: Mutex::new(Vec::new()),
+            get_streams: Mutex::new(Vec::new()),
             deletes: AtomicU64::new(0),
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
@@ -263,6 +265,13 @@ impl MockHandle {
         add_tool(&self.state, name);
     }
 
+    /// Legacy: how many standalone GET streams are open.
+    pub fn get_streams(&self) -> usize {
+        let mut gs = self.state.get_streams.lock().unwrap();
+        gs.retain(|tx| !tx.is_closed());
+        gs.len()
+    }
+
     pub fn session_count(&self) -> usize {
         self.state.sessions.lock().unwrap().len()
     }
@@ -296,6 +305,9 @@ fn add_tool(state: &MockState, name: &str) {
         n["params"]["_meta"] = json!({"io.modelcontextprotocol/subscriptionId": "?"});
         tx.try_send(sse_event(n.to_string().as_bytes())).is_ok()
     });
+    // Legacy: session-wide notifications go to the session's GET stream, without `_meta`.
+    let mut gs = state.get_streams.lock().unwrap();
+    gs.retain(|tx| tx.try_send(sse_event(note.to_string().as_bytes())).is_ok());
 }
 
 fn json_resp(status: StatusCode, v: &Value) -> Response<Body> {
@@ -772,6 +784,26 @@ async fn legacy(
             state.sessions.lock().unwrap().remove(&s);
         }
         return empty(StatusCode::OK);
+    }
+    if parts.method == Method::GET && !opts.stateless {
+        // The standalone SSE stream of a session (legacy Streamable HTTP).
+        let known = session
+            .as_ref()
+            .is_some_and(|s| state.sessions.lock().unwrap().contains(s));
+        if !known {
+            return empty(StatusCode::NOT_FOUND);
+        }
+        let (tx, rx) = mpsc::channel::<Bytes>(16);
+        state.get_streams.lock().unwrap().push(tx);
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
+        let mut r = Response::new(Body::Stream(Box::pin(stream)));
+        r.headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        return r;
     }
     if parts.method != Method::POST {
         return empty(StatusCode::METHOD_NOT_ALLOWED);

@@ -152,3 +152,79 @@ async fn one_endpoint_over_python_typescript_and_stdio_servers() {
     assert!(msg.contains("backend ts"), "{msg}");
     gw.stop().await;
 }
+
+/// The TypeScript SDK server (legacy HTTP) announces `tools/list_changed` on its session's GET
+/// stream; a 2026-07-28 client listening on the aggregated endpoint hears it, once, under its
+/// own subscription id.
+#[tokio::test]
+async fn list_changed_from_the_typescript_server_reaches_an_aggregated_listener() {
+    use http_body_util::BodyExt;
+    let ts = ts_server(&[]).await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n\
+         [[backends]]\nname = \"ts\"\nurl = \"{}\"\ntimeout_ms = 10000\n\
+         [[endpoints]]\npath = \"/mcp\"\nbackends = [\"ts\"]\ndebounce_ms = 100\n",
+        ts.url()
+    ))
+    .await;
+    let url = gw.url("/mcp");
+    let resp = send_stream(
+        "POST",
+        &url,
+        &modern_headers("subscriptions/listen", None),
+        modern_body(
+            json!("L9"),
+            "subscriptions/listen",
+            json!({"notifications":{"toolsListChanged":true}}),
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut dec = portico::sse::SseDecoder::new(1 << 20);
+    // Wait (bounded) until portico holds the session's GET stream open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ts.stats().await["http"]["GET"].as_u64().unwrap_or(0) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no GET stream opened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = mcp_with(
+        &url,
+        json!(1),
+        "tools/call",
+        json!({"name": "ts__add_tool", "arguments": {"name": "fresh"}}),
+        &[("mcp-name", "ts__add_tool")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let mut events = Vec::new();
+    let end = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Some(frame)) = tokio::time::timeout_at(end, body.frame()).await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            dec.push(&data);
+            while let Ok(Some(ev)) = dec.next_event() {
+                events.push(serde_json::from_slice::<serde_json::Value>(&ev).unwrap());
+            }
+        }
+        if events
+            .iter()
+            .any(|e| e["method"] == "notifications/tools/list_changed")
+        {
+            break;
+        }
+    }
+    let changed: Vec<_> = events
+        .iter()
+        .filter(|e| e["method"] == "notifications/tools/list_changed")
+        .collect();
+    assert_eq!(changed.len(), 1, "{events:?}");
+    assert_eq!(
+        changed[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L9"
+    );
+    let r = mcp(&url, json!(2), "tools/list", json!({})).await;
+    assert!(tool_names(&r).contains(&"ts__fresh".to_string()));
+    drop(body);
+    gw.stop().await;
+}

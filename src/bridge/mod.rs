@@ -1,0 +1,347 @@
+//! The legacy bridge: makes initialize-era backends (2025-03-26 … 2025-11-25) look like
+//! 2026-07-28 servers.
+//!
+//! - **Probe, don't guess** (digest §5): the first request to an `auto` backend sends
+//!   `server/discover`; `classify_http` / `classify_stdio` read the answer. The verdict is kept
+//!   per backend and re-probed when a later answer contradicts it. In particular a stdio
+//!   server that starts slower than `probe_timeout_ms` is probed as legacy although it may be
+//!   modern; its refusal of the bridge's `initialize` (`initialize_refusal_is_modern`) re-probes
+//!   it, and the request that found out is served on the modern path (`Bridged::Modern`). The
+//!   probe clock is not moved to "child ready" instead: the child is spawned by the probe
+//!   itself (so the clock already starts at spawn), and a modern server writes nothing before
+//!   its answer, so there is no earlier readiness signal to wait for.
+//! - **One upstream session per backend**: portico runs `initialize` once, keeps the session id,
+//!   and multiplexes every client request over it, rewriting JSON-RPC ids and progress tokens so
+//!   requests from different clients never collide inside the session (legacy ids must be unique
+//!   within a session; clients all start at 1). A lost session (404) is re-initialized and the
+//!   request retried once.
+//! - **stdio**: the session is the child process. Every bridged call is pinned to the child
+//!   generation the session was initialized on; a call that meets a restarted child is refused
+//!   by the transport before it is written (`UpstreamError::Restarted`), so portico
+//!   re-initializes and retries it once. Server-initiated requests never reach the bridge there:
+//!   the stdio transport answers them itself (`ping` → `{}`, the rest → `-32601`, logged).
+//! - **Translation both ways**: reserved 2026 `_meta` keys are stripped going up; results coming
+//!   back get `resultType`, `ttlMs`/`cacheScope` (from config, default private), serverInfo, and
+//!   `-32002` becomes `-32602`.
+//! - **Cancellation**: a legacy server does not treat a closed stream as cancellation, so when
+//!   the client goes away portico sends `notifications/cancelled` with the upstream request id.
+//! - Server-initiated requests a 2026-07-28 client cannot receive (sampling, elicitation, roots)
+//!   are answered with an error so the server never hangs; `ping` is answered.
+//!
+//! Files: `probe` (era classification, the probe), `session` (the upstream session and its
+//! handshake), `translate` (message translation and cancellation); this file holds the state
+//! and the request entry points ([`call`], `discover`, `send_raw`).
+
+mod probe;
+mod session;
+mod translate;
+
+pub use probe::{
+    Classification, classify_http, classify_stdio, ensure_verdict, initialize_refusal_is_modern,
+    reprobe,
+};
+pub use session::{close, session};
+
+use session::{forget_session, on_session_error, session_or_modern};
+use translate::{CancelGuard, Mapping, scope_str, to_legacy, translate};
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::time::Instant;
+
+use crate::error::GatewayError;
+use crate::protocol::{RequestId, SUPPORTED_VERSIONS, header as h, meta};
+use crate::router::Backend;
+use crate::upstream::stdio::CallOptions;
+use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
+
+/// Session-wide notifications buffered per subscriber of [`BridgeState::subscribe`].
+const NOTES_QUEUE: usize = 64;
+
+/// Per-backend bridge state.
+pub struct BridgeState {
+    /// One probe at a time per backend.
+    probe_lock: tokio::sync::Mutex<()>,
+    /// The upstream legacy session, once initialized.
+    session: ArcSwapOption<LegacySession>,
+    /// One `initialize` at a time per backend.
+    init_lock: tokio::sync::Mutex<()>,
+    /// Gateway-unique request ids and progress tokens within the upstream session.
+    next_id: AtomicU64,
+    /// Session-wide messages of an HTTP legacy session (its standalone GET stream, read by
+    /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
+    /// One GET stream per session serves both (servers may allow only one).
+    notes: tokio::sync::broadcast::Sender<Bytes>,
+}
+
+impl Default for BridgeState {
+    fn default() -> Self {
+        BridgeState {
+            probe_lock: Default::default(),
+            session: Default::default(),
+            init_lock: Default::default(),
+            next_id: Default::default(),
+            notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
+        }
+    }
+}
+
+impl BridgeState {
+    /// Publishes one session-wide message from the upstream GET stream (cheap without
+    /// subscribers).
+    pub fn publish(&self, message: &Bytes) {
+        if self.notes.receiver_count() > 0 {
+            let _ = self.notes.send(message.clone());
+        }
+    }
+
+    /// Session-wide messages of the upstream legacy session from now on (see `publish`).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Bytes> {
+        self.notes.subscribe()
+    }
+
+    /// Whether an upstream legacy session is open (for the metrics gauge).
+    pub fn has_session(&self) -> bool {
+        self.session.load().is_some()
+    }
+}
+
+/// An initialized upstream session.
+pub struct LegacySession {
+    /// `Mcp-Session-Id`, when the server issued one (stateless servers don't).
+    pub id: Option<HeaderValue>,
+    /// The negotiated revision, sent as `MCP-Protocol-Version` on every later request.
+    pub version: HeaderValue,
+    /// The server's `InitializeResult` (capabilities, serverInfo, instructions).
+    pub init: Value,
+    /// stdio child generation the session belongs to (0 for HTTP).
+    pub generation: u64,
+}
+
+fn portico_info() -> Value {
+    json!({"name": "portico", "version": env!("CARGO_PKG_VERSION")})
+}
+
+fn hv(s: &'static str) -> HeaderValue {
+    HeaderValue::from_static(s)
+}
+
+/// Headers every message portico originates carries.
+fn base_headers() -> Vec<(HeaderName, HeaderValue)> {
+    vec![
+        (http::header::CONTENT_TYPE, hv("application/json")),
+        (
+            http::header::ACCEPT,
+            hv("application/json, text/event-stream"),
+        ),
+    ]
+}
+
+/// Collects every message of a reply (bounded by the deadline the upstream enforces).
+async fn collect(reply: Reply) -> Result<Vec<Bytes>, UpstreamError> {
+    match reply.messages {
+        MessageStream::Empty => Ok(Vec::new()),
+        MessageStream::One(m) => Ok(vec![m]),
+        MessageStream::Many(mut s) => {
+            let mut out = Vec::new();
+            while let Some(m) = s.next().await {
+                let m = m?;
+                let done = crate::proxy::is_response(&m);
+                out.push(m);
+                if done {
+                    break;
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn upstream_err(b: &Backend, e: &UpstreamError) -> GatewayError {
+    GatewayError::from_upstream(&b.name, b.cfg.timeout_ms, e)
+}
+
+/// What the bridge did with a request.
+pub enum Bridged {
+    /// Translated and answered.
+    Answer(Reply),
+    /// The backend turned out to be a 2026-07-28 server (re-probed): nothing was sent for this
+    /// request; the caller serves it on the modern path.
+    Modern,
+}
+
+// === Requests ===
+
+/// Answers `server/discover` for a legacy backend from its `InitializeResult`.
+async fn discover(b: &Backend, id: &RequestId, deadline: Instant) -> Result<Bridged, GatewayError> {
+    let s = match session_or_modern(b, deadline).await {
+        Ok(s) => s,
+        Err(e) => return on_session_error(b, e).await,
+    };
+    let mut result = json!({
+        "resultType": "complete",
+        "supportedVersions": SUPPORTED_VERSIONS,
+        "capabilities": s.init.get("capabilities").cloned().unwrap_or(json!({})),
+        "ttlMs": b.cfg.default_ttl_ms,
+        "cacheScope": scope_str(b.cfg.default_cache_scope),
+    });
+    if let Some(i) = s.init.get("instructions") {
+        result["instructions"] = i.clone();
+    }
+    if let Some(info) = s.init.get("serverInfo") {
+        result["_meta"] = json!({ meta::SERVER_INFO: info });
+    }
+    let msg = json!({"jsonrpc":"2.0","id":id.to_value(),"result":result});
+    Ok(Bridged::Answer(Reply::one(StatusCode::OK, msg.to_string())))
+}
+
+/// Whether an HTTP answer means the upstream session is gone.
+fn session_lost(status: StatusCode, messages: &MessageStream) -> bool {
+    if status == StatusCode::NOT_FOUND {
+        return true;
+    }
+    if status == StatusCode::BAD_REQUEST
+        && let MessageStream::One(m) = messages
+    {
+        let text = String::from_utf8_lossy(m).to_ascii_lowercase();
+        return text.contains("session") || text.contains("not initialized");
+    }
+    false
+}
+
+/// Sends one 2026 request to a legacy backend and returns the translated answer, or
+/// `Bridged::Modern` when the backend's `initialize` showed it is not legacy after all.
+pub async fn call(
+    b: &Arc<Backend>,
+    method: &str,
+    client_id: Option<&RequestId>,
+    body: &Bytes,
+    client_headers: &HeaderMap,
+    deadline: Instant,
+) -> Result<Bridged, GatewayError> {
+    if method == "server/discover"
+        && let Some(id) = client_id
+    {
+        return discover(b, id, deadline).await;
+    }
+    if method == "subscriptions/listen" {
+        return Err(GatewayError::MethodNotFound(
+            "subscriptions/listen is not bridged to initialize-era backends".into(),
+        ));
+    }
+    for attempt in 0..2 {
+        let s = match session_or_modern(b, deadline).await {
+            Ok(s) => s,
+            Err(e) => return on_session_error(b, e).await,
+        };
+        let upstream_id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (up_body, token) = to_legacy(body, upstream_id)?;
+        let Some(client_id) = client_id else {
+            // A notification: pass it on.
+            send_raw(b, &s, up_body, client_headers, deadline)
+                .await
+                .map_err(|e| upstream_err(b, &e))?;
+            return Ok(Bridged::Answer(Reply {
+                status: StatusCode::ACCEPTED,
+                headers: HeaderMap::new(),
+                messages: MessageStream::Empty,
+            }));
+        };
+        let mapping = Mapping {
+            client_id: client_id.clone(),
+            upstream_id,
+            token,
+            method: method.to_string(),
+            ttl_ms: b.cfg.default_ttl_ms,
+            scope: scope_str(b.cfg.default_cache_scope),
+            server_info: s.init.get("serverInfo").cloned(),
+        };
+        // Armed from here: if this future or the answer stream is dropped before the answer,
+        // the server hears `notifications/cancelled`. Over stdio the transport does that itself
+        // (with the id it wrote on the pipe), so the guard stays disarmed there.
+        let mut guard = CancelGuard {
+            backend: b.clone(),
+            session: s.clone(),
+            upstream_id,
+            armed: !matches!(b.upstream, Upstream::Stdio(_)),
+        };
+        let reply = match send_raw(b, &s, up_body, client_headers, deadline).await {
+            Ok(reply) => reply,
+            // The stdio child restarted before the request was written: the new child has not
+            // been through `initialize`. Nothing reached the server, so a retry is safe.
+            Err(UpstreamError::Restarted) if attempt == 0 => {
+                guard.armed = false;
+                tracing::info!(backend = %b.name, "stdio server restarted; re-initializing");
+                forget_session(b, &s);
+                continue;
+            }
+            Err(e) => return Err(upstream_err(b, &e)),
+        };
+        if session_lost(reply.status, &reply.messages) && attempt == 0 {
+            guard.armed = false;
+            tracing::info!(backend = %b.name, "legacy session lost; re-initializing");
+            forget_session(b, &s);
+            continue;
+        }
+        return Ok(Bridged::Answer(translate(reply, mapping, guard)));
+    }
+    Err(GatewayError::BackendFailed {
+        backend: b.name.to_string(),
+        detail: "legacy session could not be re-established".into(),
+    })
+}
+
+/// Sends an already-translated message within the session. Over stdio a request is pinned to
+/// the child generation the session was initialized on (`UpstreamError::Restarted` otherwise).
+async fn send_raw(
+    b: &Backend,
+    s: &LegacySession,
+    body: Bytes,
+    client_headers: &HeaderMap,
+    deadline: Instant,
+) -> Result<Reply, UpstreamError> {
+    match &b.upstream {
+        Upstream::Http(up) => {
+            let mut extra = base_headers();
+            extra.push((
+                HeaderName::from_static(h::PROTOCOL_VERSION),
+                s.version.clone(),
+            ));
+            if let Some(sid) = &s.id {
+                extra.push((HeaderName::from_static(h::SESSION_ID), sid.clone()));
+            }
+            // Only trace context travels with bridged requests; the 2026 mirror headers would
+            // contradict the legacy session.
+            for name in ["traceparent", "tracestate", "baggage"] {
+                if let Some(v) = client_headers.get(name) {
+                    extra.push((HeaderName::from_static(name), v.clone()));
+                }
+            }
+            let req = up.request(&HeaderMap::new(), &extra, body);
+            up.call(req, deadline).await
+        }
+        Upstream::Stdio(st) => {
+            if crate::protocol::sniff_id(&body).is_none() {
+                st.notify(body).await?;
+                return Ok(Reply {
+                    status: StatusCode::ACCEPTED,
+                    headers: HeaderMap::new(),
+                    messages: MessageStream::Empty,
+                });
+            }
+            let opts = CallOptions {
+                cancel_on_drop: true,
+                generation: Some(s.generation),
+            };
+            st.call_with(body, deadline, opts).await
+        }
+        Upstream::Builtin(_) => Err(UpstreamError::Protocol(
+            "built-in servers are modern".into(),
+        )),
+    }
+}

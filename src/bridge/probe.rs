@@ -1,0 +1,354 @@
+//! Telling a backend's era (digest §5): the `server/discover` probe and how its answer, or a
+//! refusal of the bridge's `initialize`, is classified. Pure classifiers plus the one probe
+//! per backend ([`ensure_verdict`]). Never keyed on one error code.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{base_headers, collect, hv, portico_info, upstream_err};
+use crate::error::GatewayError;
+use crate::protocol::{LATEST_VERSION, LEGACY_VERSIONS, code, header as h, meta};
+use crate::router::{Backend, Verdict};
+use crate::upstream::{Upstream, UpstreamError};
+
+/// What a probe answer says about the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Classification {
+    Modern,
+    Legacy,
+    /// The answer says nothing about the era (the backend is failing); decide later.
+    Undecided(String),
+}
+
+/// Error codes only a 2026-07-28 server sends.
+pub(super) fn is_modern_error(code: i64) -> bool {
+    (code::UNSUPPORTED_VERSION..=code::HEADER_MISMATCH).contains(&code)
+}
+
+/// The first JSON-RPC response among decoded messages.
+pub(super) fn response_of(messages: &[Bytes]) -> Option<Value> {
+    messages
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<Value>(m).ok())
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
+}
+
+/// Classifies the answer to an HTTP `server/discover` probe (digest §5). Never keyed on one
+/// error code: deployed legacy servers answer 400 `-32000`, 400 `-32600`, 404 with no body, 405
+/// with HTML, or (stateless) a legacy-shaped answer.
+pub fn classify_http(status: u16, messages: &[Bytes]) -> Classification {
+    let resp = response_of(messages);
+    if let Some(r) = &resp {
+        if r["result"]["supportedVersions"].is_array() {
+            return Classification::Modern;
+        }
+        if let Some(c) = r["error"]["code"].as_i64()
+            && is_modern_error(c)
+        {
+            return Classification::Modern;
+        }
+    }
+    match status {
+        500..=599 => Classification::Undecided(format!("HTTP {status}")),
+        400..=499 => Classification::Legacy,
+        200..=299 if resp.is_some() => Classification::Legacy,
+        _ => Classification::Undecided(format!("HTTP {status} without a JSON-RPC answer")),
+    }
+}
+
+/// Classifies the answer to a stdio probe: `None` = no answer before the timeout.
+pub fn classify_stdio(answer: Option<&[Bytes]>) -> Classification {
+    let Some(messages) = answer else {
+        return Classification::Legacy;
+    };
+    match response_of(messages) {
+        Some(r) if r["result"]["supportedVersions"].is_array() => Classification::Modern,
+        Some(r) if r["error"]["code"].as_i64().is_some_and(is_modern_error) => {
+            Classification::Modern
+        }
+        Some(_) => Classification::Legacy,
+        None => Classification::Legacy,
+    }
+}
+
+/// Whether an error answer to the bridge's `initialize` shows a 2026-07-28 server, i.e. the
+/// probe verdict "legacy" was wrong (typically a modern stdio server that started more slowly
+/// than `probe_timeout_ms`). Evidence, per digest §5: a modern error code (`-32020..-32022`);
+/// a version list (`data.supported`) naming a revision newer than the initialize era (a
+/// modern-only server SHOULD list its versions in any error to `initialize`); or "method not
+/// found": every initialize-era server implements `initialize`, so only a server that dropped
+/// it (the 2026 Python SDK path answers it `-32601`) says so. A legacy server refusing our
+/// revision lists only legacy ones, and is not taken for modern.
+pub fn initialize_refusal_is_modern(error: &Value) -> bool {
+    let c = error["code"].as_i64();
+    if c.is_some_and(is_modern_error) || c == Some(code::METHOD_NOT_FOUND) {
+        return true;
+    }
+    let newest_legacy = LEGACY_VERSIONS[0];
+    ["supported", "supportedVersions"].iter().any(|k| {
+        error["data"][k].as_array().is_some_and(|vs| {
+            vs.iter()
+                .filter_map(Value::as_str)
+                .any(|v| v == LATEST_VERSION || v > newest_legacy)
+        })
+    })
+}
+
+/// The probe request portico sends.
+pub(super) fn probe_body() -> Bytes {
+    Bytes::from(
+        json!({"jsonrpc":"2.0","id":"portico-probe","method":"server/discover","params":{"_meta":{
+            meta::PROTOCOL_VERSION: LATEST_VERSION,
+            meta::CLIENT_CAPABILITIES: {},
+            meta::CLIENT_INFO: portico_info(),
+        }}})
+        .to_string(),
+    )
+}
+
+/// Makes sure the backend's era is known, probing it if needed.
+pub async fn ensure_verdict(b: &Backend) -> Result<Verdict, GatewayError> {
+    let v = b.verdict();
+    if v != Verdict::Unknown {
+        return Ok(v);
+    }
+    let _one = b.bridge.probe_lock.lock().await;
+    let v = b.verdict();
+    if v != Verdict::Unknown {
+        return Ok(v);
+    }
+    let class = match &b.upstream {
+        Upstream::Http(up) => {
+            let mut extra = base_headers();
+            extra.push((
+                HeaderName::from_static(h::PROTOCOL_VERSION),
+                hv(LATEST_VERSION),
+            ));
+            extra.push((HeaderName::from_static(h::METHOD), hv("server/discover")));
+            let req = up.request(&HeaderMap::new(), &extra, probe_body());
+            let reply = up
+                .call(req, Instant::now() + b.timeout)
+                .await
+                .map_err(|e| upstream_err(b, &e))?;
+            let status = reply.status.as_u16();
+            let messages = collect(reply).await.unwrap_or_default();
+            classify_http(status, &messages)
+        }
+        Upstream::Stdio(s) => {
+            let probe_deadline =
+                Instant::now() + std::time::Duration::from_millis(b.cfg.probe_timeout_ms);
+            // `request`, not `call`: a silent legacy server must not receive
+            // `notifications/cancelled` for the probe before its `initialize`.
+            match s.request(probe_body(), probe_deadline).await {
+                Ok(reply) => match collect(reply).await {
+                    Ok(messages) => classify_stdio(Some(&messages)),
+                    Err(UpstreamError::Timeout) => classify_stdio(None),
+                    Err(e) => Classification::Undecided(e.to_string()),
+                },
+                Err(UpstreamError::Timeout) => classify_stdio(None),
+                Err(e) => return Err(upstream_err(b, &e)),
+            }
+        }
+        Upstream::Builtin(_) => Classification::Modern,
+    };
+    let verdict = match class {
+        Classification::Modern => Verdict::Modern,
+        Classification::Legacy => Verdict::Legacy,
+        Classification::Undecided(why) => {
+            return Err(GatewayError::BackendFailed {
+                backend: b.name.to_string(),
+                detail: format!("protocol probe inconclusive ({why})"),
+            });
+        }
+    };
+    tracing::info!(backend = %b.name, verdict = ?verdict, "backend protocol probed");
+    b.set_verdict(verdict);
+    Ok(verdict)
+}
+
+/// Forgets the verdict (and any session) so the next request probes again: called when an
+/// answer contradicts what the backend was thought to speak.
+pub fn reprobe(b: &Backend, why: &str) {
+    if b.cfg.protocol == crate::config::Protocol::Auto {
+        tracing::warn!(backend = %b.name, why, "backend answer contradicts its protocol verdict; re-probing");
+        b.set_verdict(Verdict::Unknown);
+        b.bridge.session.store(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs(s: &[&str]) -> Vec<Bytes> {
+        s.iter().map(|m| Bytes::from(m.to_string())).collect()
+    }
+
+    /// Every answer shape digest §5 lists, and what it means.
+    #[test]
+    fn probe_classification_table() {
+        use Classification::*;
+        let cases: &[(u16, &[&str], Classification, &str)] = &[
+            (
+                200,
+                &[
+                    r#"{"jsonrpc":"2.0","id":"p","result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{},"ttlMs":0,"cacheScope":"private"}}"#,
+                ],
+                Modern,
+                "discover result",
+            ),
+            (
+                400,
+                &[
+                    r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32022,"message":"Unsupported protocol version","data":{"supported":["2027-01-01"]}}}"#,
+                ],
+                Modern,
+                "-32022 from a newer modern server",
+            ),
+            (
+                400,
+                &[
+                    r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32020,"message":"header mismatch"}}"#,
+                ],
+                Modern,
+                "-32020",
+            ),
+            (
+                400,
+                &[
+                    r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32000,"message":"Bad Request: Unsupported protocol version: 2026-07-28 (supported versions: 2025-11-25)"}}"#,
+                ],
+                Legacy,
+                "TS SDK 400 -32000",
+            ),
+            (
+                400,
+                &[
+                    r#"{"jsonrpc":"2.0","error":{"code":-32000,"message":"Bad Request: No valid session ID provided"},"id":null}"#,
+                ],
+                Legacy,
+                "TS SDK stateful, no session",
+            ),
+            (
+                400,
+                &[
+                    r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32600,"message":"Bad Request: Missing session ID"}}"#,
+                ],
+                Legacy,
+                "Python SDK legacy transport",
+            ),
+            (
+                400,
+                &[
+                    r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32602,"message":"Invalid request parameters"}}"#,
+                ],
+                Legacy,
+                "-32602 (Python SDK pre-initialize)",
+            ),
+            (404, &[], Legacy, "404 empty"),
+            (
+                405,
+                &["<html>Method Not Allowed</html>"],
+                Legacy,
+                "405 HTML",
+            ),
+            (406, &[], Legacy, "406"),
+            (
+                200,
+                &[
+                    r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32601,"message":"Method not found"}}"#,
+                ],
+                Legacy,
+                "stateless legacy: -32601",
+            ),
+            (
+                200,
+                &[r#"{"jsonrpc":"2.0","id":"p","result":{}}"#],
+                Legacy,
+                "stateless legacy result without supportedVersions",
+            ),
+            (
+                500,
+                &[],
+                Undecided("HTTP 500".into()),
+                "server error says nothing",
+            ),
+            (
+                502,
+                &["bad gateway"],
+                Undecided("HTTP 502".into()),
+                "proxy error says nothing",
+            ),
+        ];
+        for (status, body, want, what) in cases {
+            assert_eq!(&classify_http(*status, &msgs(body)), want, "{what}");
+        }
+        // stdio: silence or any non-modern error is legacy.
+        assert_eq!(classify_stdio(None), Legacy, "no answer before the timeout");
+        assert_eq!(
+            classify_stdio(Some(&msgs(&[
+                r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32601,"message":"Method not found"}}"#
+            ]))),
+            Legacy,
+            "TS SDK over stdio"
+        );
+        assert_eq!(
+            classify_stdio(Some(&msgs(&[
+                r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32602,"message":"Invalid request parameters"}}"#
+            ]))),
+            Legacy,
+            "Python SDK over stdio before initialize"
+        );
+        assert_eq!(
+            classify_stdio(Some(&msgs(&[
+                r#"{"jsonrpc":"2.0","id":"p","result":{"supportedVersions":["2026-07-28"],"capabilities":{}}}"#
+            ]))),
+            Modern
+        );
+        assert_eq!(
+            classify_stdio(Some(&msgs(&[
+                r#"{"jsonrpc":"2.0","id":"p","error":{"code":-32022,"message":"x"}}"#
+            ]))),
+            Modern
+        );
+    }
+
+    /// What an error answer to `initialize` says: only a modern server's refusal flips the
+    /// verdict; a legacy server refusing our revision does not.
+    #[test]
+    fn initialize_refusals() {
+        let cases = [
+            (json!({"code":-32601,"message":"Method not found"}), true),
+            (
+                json!({"code":-32022,"message":"Unsupported protocol version"}),
+                true,
+            ),
+            (json!({"code":-32020,"message":"Header mismatch"}), true),
+            (
+                json!({"code":-32602,"message":"Unsupported protocol version",
+                    "data":{"supported":["2026-07-28"],"requested":"2025-11-25"}}),
+                true,
+            ),
+            (
+                json!({"code":-32000,"message":"x","data":{"supportedVersions":["2027-01-01"]}}),
+                true,
+            ),
+            (
+                json!({"code":-32602,"message":"Unsupported protocol version",
+                    "data":{"supported":["2025-06-18","2025-03-26"],"requested":"2025-11-25"}}),
+                false,
+            ),
+            (json!({"code":-32603,"message":"Internal error"}), false),
+            (
+                json!({"code":-32000,"message":"Server not initialized"}),
+                false,
+            ),
+            (json!({"message":"no code"}), false),
+        ];
+        for (error, modern) in cases {
+            assert_eq!(initialize_refusal_is_modern(&error), modern, "{error}");
+        }
+    }
+}
