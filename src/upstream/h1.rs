@@ -142,19 +142,21 @@ impl Conn {
 }
 
 /// Sends one request on a pooled (or new) connection and reads the answer head; the body
-/// streams afterwards from the returned `H1Body`.
+/// streams afterwards from the returned `H1Body`. `encode` writes the whole request (head and
+/// body) into the connection's write buffer.
 pub async fn exchange(
     pool: &Pool,
     addr: &str,
-    req: &Request<Bytes>,
     deadline: Instant,
+    encode: impl FnOnce(&mut Vec<u8>),
 ) -> Result<Response<H1Body>, UpstreamError> {
     let mut conn = match pool.checkout() {
         Some(c) => c,
         None => Conn::connect(addr, deadline).await?,
     };
     conn.sleep.as_mut().reset(deadline);
-    encode(req, &mut conn.wbuf);
+    conn.wbuf.clear();
+    encode(&mut conn.wbuf);
     // Let the other ready requests of this scheduler tick run first, so their writes reach the
     // backend as one burst: a backend sharing the CPU then answers a batch per wake-up instead
     // of preempting the gateway once per request.
@@ -186,30 +188,41 @@ pub async fn exchange(
     Ok(resp)
 }
 
-/// Serializes the request head and body into one buffer (written with one write).
-fn encode(req: &Request<Bytes>, out: &mut Vec<u8>) {
-    let body = req.body();
-    out.clear();
-    out.reserve(256 + body.len());
-    out.extend_from_slice(req.method().as_str().as_bytes());
-    out.push(b' ');
+/// Serializes a request, head and body, into one buffer (written with one write).
+pub fn encode(req: &Request<Bytes>, out: &mut Vec<u8>) {
     let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    encode_start(out, req.method(), target, req.body().len());
+    for (name, value) in req.headers() {
+        encode_header(out, name, value);
+    }
+    encode_end(out, req.method(), req.body());
+}
+
+/// The request line; then `encode_header` per header and `encode_end`.
+pub fn encode_start(out: &mut Vec<u8>, method: &http::Method, target: &str, body_len: usize) {
+    out.reserve(256 + body_len);
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in req.headers() {
-        // Framing is ours to state; nothing configured or forwarded may contradict it.
-        if name == header::CONTENT_LENGTH
-            || name == header::TRANSFER_ENCODING
-            || name == header::CONNECTION
-        {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+}
+
+pub fn encode_header(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    // Framing is ours to state; nothing configured or forwarded may contradict it.
+    if name == header::CONTENT_LENGTH
+        || name == header::TRANSFER_ENCODING
+        || name == header::CONNECTION
+    {
+        return;
     }
-    let method = req.method();
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The framing header, the blank line and the body.
+pub fn encode_end(out: &mut Vec<u8>, method: &http::Method, body: &[u8]) {
     if !body.is_empty()
         || method == http::Method::POST
         || method == http::Method::PUT
@@ -696,7 +709,8 @@ mod tests {
 
     #[test]
     fn interim_answers_are_skipped() {
-        let wire = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n";
+        let wire =
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n";
         let (h, body, _) = decode(wire, 5).unwrap();
         assert_eq!(h.status, StatusCode::ACCEPTED);
         assert!(body.is_empty());
@@ -704,7 +718,9 @@ mod tests {
 
     #[test]
     fn close_delimited_and_connection_close_answers_are_not_reused() {
-        let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n"[..]);
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n"[..],
+        );
         assert!(!parse_head(&mut buf).unwrap().unwrap().keep_alive);
         let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
         let h = parse_head(&mut buf).unwrap().unwrap();
@@ -722,7 +738,11 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabX\r\n",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffffff\r\n",
         ] {
-            assert!(decode(wire, 4).is_err(), "{}", String::from_utf8_lossy(wire));
+            assert!(
+                decode(wire, 4).is_err(),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
         }
     }
 

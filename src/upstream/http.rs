@@ -201,6 +201,53 @@ impl HttpUpstream {
         req
     }
 
+    /// Pass-through: `request` + `exchange` in one step. On the lean client the request head is
+    /// written straight from the client's headers, with no intermediate `HeaderMap`.
+    pub async fn forward(
+        &self,
+        client_headers: &HeaderMap,
+        extra: &[(HeaderName, HeaderValue)],
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<Exchange, UpstreamError> {
+        if self.tls.is_some() {
+            let req = self.request(client_headers, extra, body.clone());
+            return self.exchange(req, deadline).await;
+        }
+        let encode = |out: &mut Vec<u8>| {
+            let target = self.path.path_and_query().map_or("/", |p| p.as_str());
+            h1::encode_start(out, &Method::POST, target, body.len());
+            h1::encode_header(out, &header::HOST, &self.host);
+            // The same precedence as `request`: extra over static over the client's.
+            let set_later = |name: &HeaderName| {
+                self.static_headers.iter().any(|(n, _)| n == name)
+                    || extra.iter().any(|(n, _)| n == name)
+            };
+            for (name, value) in client_headers {
+                if crate::frontend::forwardable(name) && !set_later(name) {
+                    h1::encode_header(out, name, value);
+                }
+            }
+            for (name, value) in &self.static_headers {
+                if !extra.iter().any(|(n, _)| n == name) {
+                    h1::encode_header(out, name, value);
+                }
+            }
+            for (i, (name, value)) in extra.iter().enumerate() {
+                // `insert` semantics: the last of a repeated name wins.
+                if !extra[i + 1..].iter().any(|(n, _)| n == name) {
+                    h1::encode_header(out, name, value);
+                }
+            }
+            h1::encode_end(out, &Method::POST, body);
+        };
+        let response = h1::exchange(&self.lean, &self.addr, deadline, encode).await?;
+        Ok(Exchange {
+            response: response.map(UpBody::H1),
+            conn: None,
+        })
+    }
+
     /// Sends one request and returns the response head; the body streams afterwards.
     pub async fn exchange(
         &self,
@@ -208,7 +255,10 @@ impl HttpUpstream {
         deadline: Instant,
     ) -> Result<Exchange, UpstreamError> {
         if self.tls.is_none() {
-            let response = h1::exchange(&self.lean, &self.addr, &req, deadline).await?;
+            let response = h1::exchange(&self.lean, &self.addr, deadline, |out| {
+                h1::encode(&req, out)
+            })
+            .await?;
             return Ok(Exchange {
                 response: response.map(UpBody::H1),
                 conn: None,
