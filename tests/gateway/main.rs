@@ -16,3 +16,4 @@ mod reliability;
 mod security;
 mod stdio;
 mod stdio_front;
+mod upstream_h1;
