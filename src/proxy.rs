@@ -261,8 +261,7 @@ async fn modern(
         let mut attempt = 0;
         let sent = StdInstant::now();
         let ex = loop {
-            let req = up.request(headers, team, body.clone());
-            match up.exchange(req, deadline).await {
+            match up.forward(headers, team, &body, deadline).await {
                 Ok(ex) => break ex,
                 Err(e @ UpstreamError::Connect(_))
                     if mh.method.as_deref().is_some_and(resilience::idempotent)

@@ -1,4 +1,6 @@
-//! Streamable HTTP upstreams: a lean pooled client built directly on hyper's connection API.
+//! Streamable HTTP upstreams. Plain `http://` backends go through the lean in-task HTTP/1.1
+//! client in `h1`; TLS backends (HTTP/1.1 or h2) through a pooled client built directly on
+//! hyper's connection API, described below.
 //!
 //! Why not hyper-util's pooled `Client`: on this path every microsecond shows in the benchmark,
 //! and the generic client pays for a connector service, a mutex-guarded pool and extra tasks per
@@ -24,6 +26,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
+use super::h1::{self, H1Body};
 use super::{MessageStream, Reply, UpstreamError};
 use crate::body::{BodyError, sse_event};
 use crate::config::BackendConfig;
@@ -66,15 +69,56 @@ pub struct HttpUpstream {
     static_headers: Vec<(HeaderName, HeaderValue)>,
     /// Deadline for one exchange.
     pub timeout: Duration,
-    /// Ready connections. HTTP/2 connections sit here too: they are pushed back at checkout,
-    /// since one serves many requests at once.
+    /// Ready connections (TLS backends). HTTP/2 connections sit here too: they are pushed back
+    /// at checkout, since one serves many requests at once.
     idle: ArrayQueue<Sender>,
+    /// Ready connections of the lean client (plain `http://` backends).
+    lean: h1::Pool,
 }
 
 /// The answer to a pass-through request, still streaming.
 pub struct Exchange {
-    pub response: Response<Incoming>,
+    pub response: Response<UpBody>,
     conn: Option<Sender>,
+}
+
+/// An answer body as the client that read its head hands it over.
+pub enum UpBody {
+    /// From a hyper connection (TLS backends).
+    Hyper(Incoming),
+    /// From the lean client (plain `http://` backends); it enforces the deadline itself.
+    H1(H1Body),
+}
+
+impl http_body::Body for UpBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            UpBody::Hyper(b) => Pin::new(b)
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(|e| Box::new(e) as BodyError))),
+            UpBody::H1(b) => b.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpBody::Hyper(b) => b.is_end_stream(),
+            UpBody::H1(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpBody::Hyper(b) => b.size_hint(),
+            UpBody::H1(b) => b.size_hint(),
+        }
+    }
 }
 
 impl HttpUpstream {
@@ -126,6 +170,7 @@ impl HttpUpstream {
             static_headers,
             timeout: Duration::from_millis(cfg.timeout_ms),
             idle: ArrayQueue::new(cfg.max_idle_connections.max(1)),
+            lean: h1::Pool::new(cfg.max_idle_connections),
         })
     }
 
@@ -136,8 +181,8 @@ impl HttpUpstream {
         client_headers: &HeaderMap,
         extra: &[(HeaderName, HeaderValue)],
         body: Bytes,
-    ) -> Request<Full<Bytes>> {
-        let mut req = Request::new(Full::new(body));
+    ) -> Request<Bytes> {
+        let mut req = Request::new(body);
         *req.method_mut() = Method::POST;
         *req.uri_mut() = self.path.clone();
         let h = req.headers_mut();
@@ -156,13 +201,70 @@ impl HttpUpstream {
         req
     }
 
+    /// Pass-through: `request` + `exchange` in one step. On the lean client the request head is
+    /// written straight from the client's headers, with no intermediate `HeaderMap`.
+    pub async fn forward(
+        &self,
+        client_headers: &HeaderMap,
+        extra: &[(HeaderName, HeaderValue)],
+        body: &Bytes,
+        deadline: Instant,
+    ) -> Result<Exchange, UpstreamError> {
+        if self.tls.is_some() {
+            let req = self.request(client_headers, extra, body.clone());
+            return self.exchange(req, deadline).await;
+        }
+        let encode = |out: &mut Vec<u8>| {
+            let target = self.path.path_and_query().map_or("/", |p| p.as_str());
+            h1::encode_start(out, &Method::POST, target, body.len());
+            h1::encode_header(out, &header::HOST, &self.host);
+            // The same precedence as `request`: extra over static over the client's.
+            let set_later = |name: &HeaderName| {
+                self.static_headers.iter().any(|(n, _)| n == name)
+                    || extra.iter().any(|(n, _)| n == name)
+            };
+            for (name, value) in client_headers {
+                if crate::frontend::forwardable(name) && !set_later(name) {
+                    h1::encode_header(out, name, value);
+                }
+            }
+            for (name, value) in &self.static_headers {
+                if !extra.iter().any(|(n, _)| n == name) {
+                    h1::encode_header(out, name, value);
+                }
+            }
+            for (i, (name, value)) in extra.iter().enumerate() {
+                // `insert` semantics: the last of a repeated name wins.
+                if !extra[i + 1..].iter().any(|(n, _)| n == name) {
+                    h1::encode_header(out, name, value);
+                }
+            }
+            h1::encode_end(out, &Method::POST, body);
+        };
+        let response = h1::exchange(&self.lean, &self.addr, deadline, encode).await?;
+        Ok(Exchange {
+            response: response.map(UpBody::H1),
+            conn: None,
+        })
+    }
+
     /// Sends one request and returns the response head; the body streams afterwards.
     pub async fn exchange(
         &self,
-        req: Request<Full<Bytes>>,
+        req: Request<Bytes>,
         deadline: Instant,
     ) -> Result<Exchange, UpstreamError> {
-        match tokio::time::timeout_at(deadline, self.exchange_inner(req)).await {
+        if self.tls.is_none() {
+            let response = h1::exchange(&self.lean, &self.addr, deadline, |out| {
+                h1::encode(&req, out)
+            })
+            .await?;
+            return Ok(Exchange {
+                response: response.map(UpBody::H1),
+                conn: None,
+            });
+        }
+        match tokio::time::timeout_at(deadline, self.exchange_inner(req.map(Full::new))).await {
             Ok(r) => r,
             Err(_) => Err(UpstreamError::Timeout),
         }
@@ -186,7 +288,7 @@ impl HttpUpstream {
             match result {
                 Ok(response) => {
                     return Ok(Exchange {
-                        response,
+                        response: response.map(UpBody::Hyper),
                         conn: Some(conn),
                     });
                 }
@@ -279,7 +381,7 @@ impl HttpUpstream {
     ) -> (http::response::Parts, RelayBody) {
         let (parts, inner) = ex.response.into_parts();
         let sse = is_event_stream(&parts.headers);
-        let body = RelayBody {
+        let mut body = RelayBody {
             inner,
             upstream: Arc::clone(self),
             conn: ex.conn,
@@ -288,13 +390,17 @@ impl HttpUpstream {
             on_break: sse.then_some(request_body),
             done: false,
         };
+        if body.inner.is_end_stream() {
+            // An empty answer (202, 204): nobody may poll it, so recycle the connection now.
+            body.finish_ok();
+        }
         (parts, body)
     }
 
     /// Message path: sends a request and decodes the answer (JSON or SSE) into JSON-RPC messages.
     pub async fn call(
         self: &Arc<Self>,
-        req: Request<Full<Bytes>>,
+        req: Request<Bytes>,
         deadline: Instant,
     ) -> Result<Reply, UpstreamError> {
         let ex = self.exchange(req, deadline).await?;
@@ -400,7 +506,7 @@ pub struct TimedOut;
 
 /// An upstream answer relayed to the client as it arrives.
 pub struct RelayBody {
-    inner: Incoming,
+    inner: UpBody,
     upstream: Arc<HttpUpstream>,
     /// Back to the pool once the answer has been read to its end; dropped (closing the
     /// connection, which the backend sees as cancellation) if the client leaves first.
@@ -420,6 +526,9 @@ impl RelayBody {
         self.done = true;
         if let Some(conn) = self.conn.take() {
             self.upstream.release(conn);
+        }
+        if let UpBody::H1(b) = &mut self.inner {
+            h1::recycle(&self.upstream.lean, b);
         }
     }
 
@@ -473,7 +582,13 @@ impl http_body::Body for RelayBody {
                 this.finish_ok();
                 Poll::Ready(None)
             }
-            Poll::Ready(Some(Err(e))) => this.fail("closed the stream", Box::new(e)),
+            Poll::Ready(Some(Err(e))) if e.downcast_ref::<TimedOut>().is_some() => {
+                let ms = this.upstream.timeout.as_millis();
+                this.fail(&format!("did not finish within {ms} ms"), e)
+            }
+            Poll::Ready(Some(Err(e))) => this.fail("closed the stream", e),
+            // The lean client's body watches the deadline itself.
+            Poll::Pending if matches!(this.inner, UpBody::H1(_)) => Poll::Pending,
             Poll::Pending => {
                 let deadline = this.deadline;
                 let sleep = this

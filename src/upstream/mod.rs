@@ -11,6 +11,7 @@
 //! Upstreams never see the client's `http::Request`: only the message, and the client's headers
 //! filtered through `frontend::forwardable`.
 
+pub mod h1;
 pub mod http;
 pub mod stdio;
 

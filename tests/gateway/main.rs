@@ -17,3 +17,4 @@ mod security;
 mod stdio;
 mod stdio_front;
 mod tls;
+mod upstream_h1;

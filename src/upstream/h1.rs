@@ -1,0 +1,765 @@
+//! A lean in-task HTTP/1.1 client for plain `http://` backends: the pass-through hot path.
+//!
+//! Why not hyper's client connection: it runs each connection in its own task, so every request
+//! crosses an mpsc channel and a oneshot and costs extra task polls and wake-ups. Here the
+//! request's own task does the I/O: the head and body go out in one write, the answer head is
+//! parsed with `httparse`, and the body is relayed frame by frame (Content-Length, chunked —
+//! SSE answers are chunked — or until close) as it arrives.
+//!
+//! A connection goes back to the pool only when its answer ended cleanly and the backend did not
+//! ask to close it; dropping a body early drops the connection, which is how a backend learns
+//! that a request was cancelled. A pooled connection is checked for a close by the backend
+//! before reuse, and a request is never retried once written.
+//!
+//! Each connection keeps one deadline timer for its whole life: resetting a registered tokio
+//! timer to a later instant is a lock-free store, where a fresh timer per exchange costs a
+//! registration and a removal in the timer wheel.
+
+use bytes::{Buf, Bytes, BytesMut};
+use crossbeam_queue::ArrayQueue;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use http_body::{Frame, SizeHint};
+use std::future::{Future, poll_fn};
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use super::UpstreamError;
+use crate::body::BodyError;
+
+/// Largest answer head we accept.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Headers per answer head (parsed on the stack).
+const MAX_HEADERS: usize = 64;
+/// Longest chunk-size or trailer line.
+const MAX_LINE_BYTES: usize = 4 * 1024;
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// One pooled connection: the socket, what has been read but not consumed, and the deadline timer.
+pub struct Conn {
+    io: TcpStream,
+    rbuf: BytesMut,
+    wbuf: Vec<u8>,
+    sleep: Pin<Box<Sleep>>,
+}
+
+/// Idle connections of one backend.
+pub struct Pool {
+    idle: ArrayQueue<Conn>,
+}
+
+/// Why the answer failed, as a body error (the relay turns `TimedOut` into its timeout message).
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    #[error("connection closed before the answer ended")]
+    Eof,
+    #[error("malformed chunked encoding")]
+    Chunked,
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl Pool {
+    pub fn new(max_idle: usize) -> Pool {
+        Pool {
+            idle: ArrayQueue::new(max_idle.max(1)),
+        }
+    }
+
+    /// A live idle connection, if any. A connection the backend closed (or wrote to unasked)
+    /// while idle is dropped here, before a request is written to it.
+    fn checkout(&self) -> Option<Conn> {
+        while let Some(mut c) = self.idle.pop() {
+            if c.rbuf.is_empty() && c.is_alive() {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    fn release(&self, conn: Conn) {
+        // A full queue drops the connection: we keep at most max_idle_connections.
+        let _ = self.idle.push(conn);
+    }
+}
+
+impl Conn {
+    async fn connect(addr: &str, deadline: Instant) -> Result<Conn, UpstreamError> {
+        let io = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            Ok(Ok(io)) => io,
+            Ok(Err(e)) => return Err(UpstreamError::Connect(e.to_string())),
+            Err(_) => return Err(UpstreamError::Timeout),
+        };
+        let _ = io.set_nodelay(true);
+        Ok(Conn {
+            io,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            wbuf: Vec::with_capacity(1024),
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+        })
+    }
+
+    /// Whether the backend has neither closed this idle connection nor sent anything on it.
+    /// `try_read` asks the socket only when the reactor has seen it readable, so the usual case
+    /// costs nothing (or clears a stale readiness, saving a read later).
+    fn is_alive(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        match self.io.try_read(&mut probe) {
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            Ok(_) => false,
+        }
+    }
+
+    /// Reads more bytes into `rbuf`; `Ok(0)` is end of stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        // Through `AsyncRead` rather than `try_read_buf`: tokio clears the socket's readiness
+        // after a short read, so the idle check at the next checkout costs no syscall.
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+    }
+
+    /// Polls `f` until it is ready or the deadline passes.
+    fn poll_deadline<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        f: impl FnOnce(&mut Self, &mut Context<'_>) -> Poll<T>,
+    ) -> Poll<Option<T>> {
+        match f(self, cx) {
+            Poll::Ready(t) => Poll::Ready(Some(t)),
+            Poll::Pending => match self.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// Sends one request on a pooled (or new) connection and reads the answer head; the body
+/// streams afterwards from the returned `H1Body`. `encode` writes the whole request (head and
+/// body) into the connection's write buffer.
+pub async fn exchange(
+    pool: &Pool,
+    addr: &str,
+    deadline: Instant,
+    encode: impl FnOnce(&mut Vec<u8>),
+) -> Result<Response<H1Body>, UpstreamError> {
+    let mut conn = match pool.checkout() {
+        Some(c) => c,
+        None => Conn::connect(addr, deadline).await?,
+    };
+    conn.sleep.as_mut().reset(deadline);
+    conn.wbuf.clear();
+    encode(&mut conn.wbuf);
+    // Let the other ready requests of this scheduler tick run first, so their writes reach the
+    // backend as one burst: a backend sharing the CPU then answers a batch per wake-up instead
+    // of preempting the gateway once per request.
+    tokio::task::yield_now().await;
+    let mut written = 0;
+    match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_write_all(cx, &mut written))).await {
+        None => return Err(UpstreamError::Timeout),
+        Some(Err(e)) => return Err(UpstreamError::Closed(format!("write failed: {e}"))),
+        Some(Ok(())) => {}
+    }
+    if conn.wbuf.capacity() > MAX_HEAD_BYTES {
+        // A large request body should not pin its buffer for the connection's life.
+        conn.wbuf = Vec::with_capacity(1024);
+    }
+    let head = match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_head(cx))).await {
+        None => return Err(UpstreamError::Timeout),
+        Some(r) => r?,
+    };
+    let mut body = H1Body {
+        conn: Some(conn),
+        framing: head.framing,
+        keep_alive: head.keep_alive,
+    };
+    body.settle();
+    let mut resp = Response::new(body);
+    *resp.status_mut() = head.status;
+    *resp.version_mut() = head.version;
+    *resp.headers_mut() = head.headers;
+    Ok(resp)
+}
+
+/// Serializes a request, head and body, into one buffer (written with one write).
+pub fn encode(req: &Request<Bytes>, out: &mut Vec<u8>) {
+    let target = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    encode_start(out, req.method(), target, req.body().len());
+    for (name, value) in req.headers() {
+        encode_header(out, name, value);
+    }
+    encode_end(out, req.method(), req.body());
+}
+
+/// The request line; then `encode_header` per header and `encode_end`.
+pub fn encode_start(out: &mut Vec<u8>, method: &http::Method, target: &str, body_len: usize) {
+    out.reserve(256 + body_len);
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+}
+
+pub fn encode_header(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    // Framing is ours to state; nothing configured or forwarded may contradict it.
+    if name == header::CONTENT_LENGTH
+        || name == header::TRANSFER_ENCODING
+        || name == header::CONNECTION
+    {
+        return;
+    }
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The framing header, the blank line and the body.
+pub fn encode_end(out: &mut Vec<u8>, method: &http::Method, body: &[u8]) {
+    if !body.is_empty()
+        || method == http::Method::POST
+        || method == http::Method::PUT
+        || method == http::Method::PATCH
+    {
+        out.extend_from_slice(b"content-length: ");
+        push_decimal(out, body.len());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+}
+
+/// Appends `n` in decimal (cheaper than `core::fmt` on this path).
+fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// A parsed answer head.
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+impl Conn {
+    fn poll_write_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: &mut usize,
+    ) -> Poll<io::Result<()>> {
+        while *written < self.wbuf.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.wbuf[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            *written += n;
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, UpstreamError>> {
+        loop {
+            if !self.rbuf.is_empty() {
+                match parse_head(&mut self.rbuf)? {
+                    Some(head) => return Poll::Ready(Ok(head)),
+                    None if self.rbuf.len() > MAX_HEAD_BYTES => {
+                        return Poll::Ready(Err(UpstreamError::Protocol(
+                            "answer head too large".into(),
+                        )));
+                    }
+                    None => {}
+                }
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => {
+                    return Poll::Ready(Err(UpstreamError::Closed(
+                        "connection closed before an answer".into(),
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(UpstreamError::Closed(e.to_string()))),
+            }
+        }
+    }
+}
+
+/// Parses one answer head off the front of `buf`, skipping interim (1xx) answers. `None`: more
+/// bytes are needed.
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
+    loop {
+        // Header positions, recorded while `buf` is borrowed by the parser, so the values can
+        // then share the head's bytes instead of being copied.
+        let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        let base = buf.as_ptr() as usize;
+        let len = match resp.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(UpstreamError::Protocol(format!("bad answer head: {e}"))),
+        };
+        let code = resp.code.unwrap_or(0);
+        let version = if resp.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        if (100..200).contains(&code) {
+            if code == 101 {
+                return Err(UpstreamError::Protocol("unexpected protocol switch".into()));
+            }
+            buf.advance(len);
+            continue;
+        }
+        let status = StatusCode::from_u16(code)
+            .map_err(|_| UpstreamError::Protocol(format!("bad status {code}")))?;
+        let count = resp.headers.len();
+        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
+            let n = h.name.as_ptr() as usize - base;
+            let v = h.value.as_ptr() as usize - base;
+            *span = (n, n + h.name.len(), v, v + h.value.len());
+        }
+        let head = buf.split_to(len).freeze();
+        let mut map = HeaderMap::with_capacity(count);
+        for &(n0, n1, v0, v1) in &spans[..count] {
+            let name = HeaderName::from_bytes(&head[n0..n1])
+                .map_err(|e| UpstreamError::Protocol(format!("bad header name: {e}")))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
+                .map_err(|e| UpstreamError::Protocol(format!("bad header value: {e}")))?;
+            map.append(name, value);
+        }
+        let (framing, framed_by_close) = framing(status, &map)?;
+        let keep_alive = !framed_by_close
+            && version == Version::HTTP_11
+            && !map
+                .get_all(header::CONNECTION)
+                .iter()
+                .any(|v| has_token(v.as_bytes(), b"close"));
+        return Ok(Some(Head {
+            status,
+            version,
+            headers: map,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// How the answer body is delimited (RFC 9112 §6.3), and whether only a close ends it (or a
+/// transfer coding and a length disagree), which rules out reusing the connection.
+fn framing(status: StatusCode, h: &HeaderMap) -> Result<(Framing, bool), UpstreamError> {
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok((Framing::Length(0), false));
+    }
+    let mut te = h.get_all(header::TRANSFER_ENCODING).iter().peekable();
+    if te.peek().is_some() {
+        let chunked_last = te.last().is_some_and(|v| {
+            v.as_bytes()
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        });
+        let both = h.contains_key(header::CONTENT_LENGTH);
+        return Ok(if chunked_last {
+            (Framing::Chunked(Chunk::Size), both)
+        } else {
+            (Framing::Close, true)
+        });
+    }
+    let mut length: Option<u64> = None;
+    for v in h.get_all(header::CONTENT_LENGTH) {
+        for part in v.as_bytes().split(|&b| b == b',') {
+            let n = std::str::from_utf8(part.trim_ascii())
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| UpstreamError::Protocol("bad content-length".into()))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(UpstreamError::Protocol("conflicting content-length".into()));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(match length {
+        Some(n) => (Framing::Length(n), false),
+        None => (Framing::Close, true),
+    })
+}
+
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+/// Where the body decoder stands.
+enum Framing {
+    /// This many body bytes are still to come.
+    Length(u64),
+    Chunked(Chunk),
+    /// Everything until the backend closes.
+    Close,
+    /// The body has ended cleanly.
+    Done,
+    /// The body broke (or timed out); the connection is gone.
+    Failed,
+}
+
+/// Position inside a chunked body.
+#[derive(Clone, Copy)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailer,
+}
+
+/// One decoding step over buffered bytes.
+enum Step {
+    Data(Bytes),
+    NeedMore,
+    Done,
+}
+
+impl Framing {
+    /// Decodes from `buf` without I/O, up to the next data, the end, or the need for more bytes.
+    /// With `data: false` it stops before any data (answering `NeedMore`) and only consumes
+    /// framing.
+    fn step(&mut self, buf: &mut BytesMut, data: bool) -> Result<Step, H1Error> {
+        match self {
+            Framing::Done | Framing::Failed => Ok(Step::Done),
+            Framing::Length(0) => {
+                *self = Framing::Done;
+                Ok(Step::Done)
+            }
+            Framing::Length(left) => {
+                if buf.is_empty() || !data {
+                    return Ok(Step::NeedMore);
+                }
+                let take = (*left).min(buf.len() as u64) as usize;
+                *left -= take as u64;
+                if *left == 0 {
+                    *self = Framing::Done;
+                }
+                Ok(Step::Data(buf.split_to(take).freeze()))
+            }
+            Framing::Close => Ok(if buf.is_empty() || !data {
+                Step::NeedMore
+            } else {
+                Step::Data(buf.split().freeze())
+            }),
+            Framing::Chunked(state) => loop {
+                match *state {
+                    Chunk::Size => {
+                        let Some(line) = take_line(buf)? else {
+                            return Ok(Step::NeedMore);
+                        };
+                        let size = chunk_size(&line)?;
+                        *state = if size == 0 {
+                            Chunk::Trailer
+                        } else {
+                            Chunk::Data(size)
+                        };
+                    }
+                    Chunk::Data(left) => {
+                        if buf.is_empty() || !data {
+                            return Ok(Step::NeedMore);
+                        }
+                        let take = left.min(buf.len() as u64) as usize;
+                        *state = if left == take as u64 {
+                            Chunk::DataEnd
+                        } else {
+                            Chunk::Data(left - take as u64)
+                        };
+                        return Ok(Step::Data(buf.split_to(take).freeze()));
+                    }
+                    Chunk::DataEnd => match buf.first() {
+                        None => return Ok(Step::NeedMore),
+                        Some(b'\n') => {
+                            buf.advance(1);
+                            *state = Chunk::Size;
+                        }
+                        Some(b'\r') => match buf.get(1) {
+                            None => return Ok(Step::NeedMore),
+                            Some(b'\n') => {
+                                buf.advance(2);
+                                *state = Chunk::Size;
+                            }
+                            Some(_) => return Err(H1Error::Chunked),
+                        },
+                        Some(_) => return Err(H1Error::Chunked),
+                    },
+                    Chunk::Trailer => {
+                        let Some(line) = take_line(buf)? else {
+                            return Ok(Step::NeedMore);
+                        };
+                        if line.is_empty() {
+                            *self = Framing::Done;
+                            return Ok(Step::Done);
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Takes one line (without its CR LF) off the front of `buf`; `None` if it is not complete.
+fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
+    match buf.iter().position(|&b| b == b'\n') {
+        Some(i) => {
+            let mut line = buf.split_to(i + 1);
+            line.truncate(i);
+            if line.last() == Some(&b'\r') {
+                line.truncate(i - 1);
+            }
+            Ok(Some(line))
+        }
+        None if buf.len() > MAX_LINE_BYTES => Err(H1Error::Chunked),
+        None => Ok(None),
+    }
+}
+
+/// The hex size at the start of a chunk-size line (extensions after `;` are ignored).
+fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
+    let digits = line
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(H1Error::Chunked);
+    }
+    let mut n = 0u64;
+    for &d in digits {
+        let v = (d as char).to_digit(16).ok_or(H1Error::Chunked)?;
+        n = n * 16 + u64::from(v);
+    }
+    Ok(n)
+}
+
+/// The body of an answer read by the lean client, relayed frame by frame as it arrives.
+pub struct H1Body {
+    /// `None` once the body is over and the connection is gone (back to the pool or dropped).
+    conn: Option<Conn>,
+    framing: Framing,
+    /// Whether the connection may serve another request once this answer has ended.
+    keep_alive: bool,
+}
+
+impl H1Body {
+    /// Advances over framing bytes already buffered (a chunk's CRLF, the last chunk, trailers)
+    /// so the end of the body is seen with its last data, without waiting for another poll.
+    fn settle(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        // An error is left to surface at the next poll.
+        let _ = self.framing.step(&mut conn.rbuf, false);
+    }
+
+    pub fn is_end_stream(&self) -> bool {
+        matches!(self.framing, Framing::Done | Framing::Failed)
+    }
+
+    pub fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            Framing::Done | Framing::Failed => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+
+    /// The connection, if the body ended cleanly and it can serve another request.
+    pub fn take_reusable(&mut self) -> Option<Conn> {
+        if !matches!(self.framing, Framing::Done) || !self.keep_alive {
+            return None;
+        }
+        self.conn.take().filter(|c| c.rbuf.is_empty())
+    }
+
+    fn fail(&mut self, e: BodyError) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        self.framing = Framing::Failed;
+        self.conn = None;
+        Poll::Ready(Some(Err(e)))
+    }
+
+    pub fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match self.framing.step(&mut conn.rbuf, true) {
+                Ok(Step::Data(bytes)) => {
+                    self.settle();
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
+                Ok(Step::Done) => return Poll::Ready(None),
+                Ok(Step::NeedMore) => {}
+                Err(e) => return self.fail(Box::new(e)),
+            }
+            match conn.poll_deadline(cx, |c, cx| c.poll_fill(cx)) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return self.fail(Box::new(super::http::TimedOut)),
+                Poll::Ready(Some(Ok(0))) => {
+                    if matches!(self.framing, Framing::Close) {
+                        self.framing = Framing::Done;
+                        self.keep_alive = false;
+                        return Poll::Ready(None);
+                    }
+                    return self.fail(Box::new(H1Error::Eof));
+                }
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => return self.fail(Box::new(H1Error::Io(e))),
+            }
+        }
+    }
+}
+
+/// Hands a finished body's connection back to `pool` if it can be reused.
+pub fn recycle(pool: &Pool, body: &mut H1Body) {
+    if let Some(conn) = body.take_reusable() {
+        pool.release(conn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decodes `wire` (head included) fed in pieces of `step` bytes; returns the head and the
+    /// body bytes, or the first error.
+    fn decode(wire: &[u8], step: usize) -> Result<(Head, Vec<u8>, bool), String> {
+        let mut buf = BytesMut::new();
+        let mut rest = wire;
+        let mut head = None;
+        let mut body = Vec::new();
+        loop {
+            if head.is_none() {
+                head = parse_head(&mut buf).map_err(|e| e.to_string())?;
+            }
+            if let Some(h) = head.as_mut() {
+                loop {
+                    match h.framing.step(&mut buf, true).map_err(|e| e.to_string())? {
+                        Step::Data(b) => body.extend_from_slice(&b),
+                        Step::Done => return Ok((head.unwrap(), body, buf.is_empty())),
+                        Step::NeedMore => break,
+                    }
+                }
+            }
+            if rest.is_empty() {
+                return Err("incomplete".into());
+            }
+            let n = step.min(rest.len());
+            buf.extend_from_slice(&rest[..n]);
+            rest = &rest[n..];
+        }
+    }
+
+    #[test]
+    fn content_length_body_in_any_split() {
+        let wire = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"a\":12345}";
+        for step in [1, 2, 7, 100] {
+            let (h, body, clean) = decode(wire, step).unwrap();
+            assert_eq!(h.status, StatusCode::OK);
+            assert!(h.keep_alive);
+            assert_eq!(h.headers["content-type"], "application/json");
+            assert_eq!(body, b"{\"a\":12345}");
+            assert!(clean);
+        }
+    }
+
+    #[test]
+    fn chunked_body_with_extensions_and_trailers_in_any_split() {
+        let wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n\
+            5;ext=1\r\nhello\r\nB\r\n, world!!!!\r\n0\r\nx-trailer: 1\r\n\r\n";
+        for step in [1, 3, 8, 1000] {
+            let (h, body, clean) = decode(wire, step).unwrap();
+            assert!(matches!(h.framing, Framing::Done));
+            assert_eq!(body, b"hello, world!!!!");
+            assert!(clean);
+        }
+    }
+
+    #[test]
+    fn interim_answers_are_skipped() {
+        let wire =
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n";
+        let (h, body, _) = decode(wire, 5).unwrap();
+        assert_eq!(h.status, StatusCode::ACCEPTED);
+        assert!(body.is_empty());
+    }
+
+    #[test]
+    fn close_delimited_and_connection_close_answers_are_not_reused() {
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n"[..],
+        );
+        assert!(!parse_head(&mut buf).unwrap().unwrap().keep_alive);
+        let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
+        let h = parse_head(&mut buf).unwrap().unwrap();
+        assert!(matches!(h.framing, Framing::Close) && !h.keep_alive);
+        let mut buf = BytesMut::from(&b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"[..]);
+        assert!(!parse_head(&mut buf).unwrap().unwrap().keep_alive);
+    }
+
+    #[test]
+    fn malformed_framing_is_an_error() {
+        for wire in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabX\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffffff\r\n",
+        ] {
+            assert!(
+                decode(wire, 4).is_err(),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+    }
+
+    #[test]
+    fn request_is_one_buffer_with_our_framing() {
+        let mut req = Request::new(Bytes::from_static(b"{}"));
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = "/mcp?x=1".parse().unwrap();
+        let h = req.headers_mut();
+        h.insert(header::HOST, HeaderValue::from_static("b:1"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("99"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        let mut out = Vec::new();
+        encode(&req, &mut out);
+        assert_eq!(
+            out,
+            b"POST /mcp?x=1 HTTP/1.1\r\nhost: b:1\r\ncontent-length: 2\r\n\r\n{}"
+        );
+    }
+}
