@@ -50,7 +50,7 @@ _LEGACY_SESSIONS: dict[int, Any] = {}
 _DYNAMIC_TOOLS: set[str] = set()
 
 
-def build_server(ttl_ms: int, cache_scope: str) -> MCPServer:
+def build_server(ttl_ms: int, cache_scope: str, page_size: int = 0) -> MCPServer:
     hint = CacheHint(ttl_ms=ttl_ms, scope=cache_scope)  # type: ignore[arg-type]
     mcp = MCPServer(
         "portico-interop-python",
@@ -82,6 +82,29 @@ def build_server(ttl_ms: int, cache_scope: str) -> MCPServer:
         return await call_next(ctx)
 
     mcp.middleware.append(count_middleware)
+
+    async def page_middleware(ctx: Any, call_next: Any) -> Any:
+        # --page-size N: tools/list answers in pages of N (cursor = the next offset), so
+        # clients and gateways can be tested on real multi-page lists.
+        result = await call_next(ctx)
+        if page_size <= 0 or ctx.method != "tools/list" or result is None:
+            return result
+        cursor = (ctx.params or {}).get("cursor")
+        start = int(cursor) if isinstance(cursor, str) and cursor.isdigit() else 0
+        end = start + page_size
+        if isinstance(result, dict):
+            tools = list(result.get("tools", []))
+            page = {**result, "tools": tools[start:end]}
+            page.pop("nextCursor", None)
+            if end < len(tools):
+                page["nextCursor"] = str(end)
+            return page
+        tools = list(result.tools)
+        return result.model_copy(
+            update={"tools": tools[start:end], "next_cursor": str(end) if end < len(tools) else None}
+        )
+
+    mcp.middleware.append(page_middleware)
 
     @mcp.tool(description="Echo the text back", structured_output=False)
     def echo(text: str) -> str:
@@ -255,10 +278,11 @@ def main() -> None:
     p.add_argument("--cache-scope", choices=["public", "private"], default="public")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = picked by the OS")
+    p.add_argument("--page-size", type=int, default=0, help="tools/list page size (0 = one page)")
     args = p.parse_args()
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="py_server %(levelname)s %(name)s: %(message)s")
-    mcp = build_server(args.ttl_ms, args.cache_scope)
+    mcp = build_server(args.ttl_ms, args.cache_scope, args.page_size)
     if args.transport == "stdio":
         anyio.run(mcp.run_stdio_async)
     else:

@@ -228,3 +228,61 @@ async fn list_changed_from_the_typescript_server_reaches_an_aggregated_listener(
     drop(body);
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn small_pages_walk_every_member_exactly_once() {
+    // Real multi-page members: the Python SDK server over HTTP in pages of 2 and over stdio in
+    // pages of 4 (py_server.py --page-size), the TypeScript SDK server in one page.
+    let py = py_server(&["--page-size", "2"]).await;
+    let ts = ts_server(&[]).await;
+    let mut stdio = py_stdio_command();
+    stdio.extend(["--page-size".to_string(), "4".to_string()]);
+    let stdio: Vec<String> = stdio.iter().map(|a| format!("{a:?}")).collect();
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n\
+         [[backends]]\nname = \"py\"\nurl = \"{}\"\ntimeout_ms = 10000\n\
+         [[backends]]\nname = \"ts\"\nurl = \"{}\"\ntimeout_ms = 10000\n\
+         [[backends]]\nname = \"st\"\ncommand = [{}]\ntimeout_ms = 10000\nprobe_timeout_ms = 20000\n\
+         [[endpoints]]\npath = \"/mcp\"\nbackends = [\"py\", \"ts\", \"st\"]\n",
+        py.url(),
+        ts.url(),
+        stdio.join(", ")
+    ))
+    .await;
+    let url = gw.url("/mcp");
+    let mut names: Vec<String> = Vec::new();
+    let mut cursor: Option<serde_json::Value> = None;
+    let mut pages = 0;
+    loop {
+        let params = match &cursor {
+            Some(c) => json!({ "cursor": c }),
+            None => json!({}),
+        };
+        let r = mcp(&url, json!(pages), "tools/list", params).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        names.extend(tool_names(&r));
+        pages += 1;
+        assert!(pages <= 10, "the walk does not end");
+        match r.json()["result"].get("nextCursor") {
+            Some(c) => cursor = Some(c.clone()),
+            None => break,
+        }
+    }
+    // py: 3 pages of 2; st: 2 pages of 4 (6 tools); ts: one page. Portico's pages follow the
+    // longest member: 3 pages.
+    assert_eq!(pages, 3, "{names:?}");
+    let mut sorted = names.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), names.len(), "no tool twice: {names:?}");
+    for prefix in ["py", "ts", "st"] {
+        for tool in ["echo", "add", "progress", "slow", "add_tool", "whoami"] {
+            let want = format!("{prefix}__{tool}");
+            assert!(names.contains(&want), "{want} missing from {names:?}");
+        }
+    }
+    assert_eq!(names.len(), 18);
+    // Each upstream page was fetched exactly once.
+    assert_eq!(py.count("tools/list").await, 3);
+    assert_eq!(ts.count("tools/list").await, 1);
+}
