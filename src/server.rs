@@ -81,7 +81,11 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let svc_state = shared.clone();
         let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(PeerAddr(peer));
+            // Only admin endpoints look at the peer; inserting an extension allocates, so the
+            // MCP hot path skips it.
+            if req.uri().path().starts_with("/admin/") {
+                req.extensions_mut().insert(PeerAddr(peer));
+            }
             // Each request sees one config generation, even across a hot reload.
             let state = svc_state.load_full();
             async move { Ok::<_, Infallible>(crate::proxy::handle(state, req).await) }
