@@ -1,7 +1,7 @@
 //! The shared list cache, end to end: portico on loopback in front of the in-repo mock, whose
 //! per-method request counter is the ground truth for "did this reach the backend".
 
-use crate::common::mock::MockMcp;
+use crate::common::mock::{MockHandle, MockMcp};
 use crate::common::*;
 use serde_json::json;
 use std::time::Duration;
@@ -10,6 +10,15 @@ fn config(url: &str, cache: &str) -> String {
     format!(
         "[log]\naccess = false\n[cache]\n{cache}\n[[backends]]\nname = \"m\"\nurl = \"{url}\"\ntimeout_ms = 3000\n"
     )
+}
+
+/// A modern mock whose lists carry `ttl` and `scope`.
+async fn backend(ttl: Option<u64>, scope: Option<&'static str>) -> MockHandle {
+    MockMcp::modern()
+        .ttl_ms(ttl)
+        .cache_scope(scope)
+        .start()
+        .await
 }
 
 async fn list(gw: &Gateway, id: i64, auth: Option<&str>) -> Resp {
@@ -36,11 +45,7 @@ async fn list(gw: &Gateway, id: i64, auth: Option<&str>) -> Resp {
 
 #[tokio::test]
 async fn fresh_entries_are_served_without_the_backend_and_expire_with_ttl() {
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(400))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(400), Some("public")).await;
     let gw = Gateway::start(&config(&mock.url(), "")).await;
     let first = list(&gw, 1, None).await;
     assert_eq!(first.json()["result"]["ttlMs"], 400);
@@ -69,11 +74,7 @@ async fn fresh_entries_are_served_without_the_backend_and_expire_with_ttl() {
 #[tokio::test]
 async fn ttl_zero_and_missing_ttl_are_never_cached() {
     for ttl in [Some(0), None] {
-        let mock = MockMcp::modern()
-            .ttl_ms(ttl)
-            .cache_scope(Some("public"))
-            .start()
-            .await;
+        let mock = backend(ttl, Some("public")).await;
         let gw = Gateway::start(&config(&mock.url(), "")).await;
         for id in 1..=3 {
             list(&gw, id, None).await;
@@ -84,11 +85,7 @@ async fn ttl_zero_and_missing_ttl_are_never_cached() {
 
 #[tokio::test]
 async fn max_ttl_caps_the_servers_ttl() {
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(600_000))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(600_000), Some("public")).await;
     let gw = Gateway::start(&config(&mock.url(), "max_ttl_ms = 300")).await;
     list(&gw, 1, None).await;
     let r = list(&gw, 2, None).await;
@@ -103,11 +100,7 @@ async fn max_ttl_caps_the_servers_ttl() {
 async fn private_lists_are_never_shared_across_credentials() {
     // Explicit "private", and a missing cacheScope (read as private).
     for scope in [Some("private"), None] {
-        let mock = MockMcp::modern()
-            .ttl_ms(Some(60_000))
-            .cache_scope(scope)
-            .start()
-            .await;
+        let mock = backend(Some(60_000), scope).await;
         let gw = Gateway::start(&config(&mock.url(), "")).await;
         list(&gw, 1, Some("alice-token")).await;
         list(&gw, 2, Some("alice-token")).await;
@@ -139,11 +132,7 @@ async fn private_lists_are_never_shared_across_credentials() {
 
 #[tokio::test]
 async fn public_lists_are_fetched_once_for_everyone() {
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(60_000))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(60_000), Some("public")).await;
     let gw = Gateway::start(&config(&mock.url(), "")).await;
     list(&gw, 1, Some("alice-token")).await;
     list(&gw, 2, Some("bob-token")).await;
@@ -153,11 +142,7 @@ async fn public_lists_are_fetched_once_for_everyone() {
 
 #[tokio::test]
 async fn input_required_and_mrtr_retries_are_never_cached() {
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(60_000))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(60_000), Some("public")).await;
     let gw = Gateway::start(&config(&mock.url(), "")).await;
     for id in 1..=2 {
         let r = mcp(
@@ -219,11 +204,7 @@ async fn a_hundred_concurrent_misses_send_one_upstream_request() {
 
 #[tokio::test]
 async fn stale_if_error_serves_the_old_entry_while_the_backend_is_down() {
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(200))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(200), Some("public")).await;
     let gw = Gateway::start(&config(&mock.url(), "stale_if_error_ms = 10000")).await;
     let fresh = list(&gw, 1, None).await;
     drop(mock); // the backend goes away
@@ -239,11 +220,7 @@ async fn stale_if_error_serves_the_old_entry_while_the_backend_is_down() {
         "served stale: no freshness left"
     );
     // Without the window, the same outage is an error.
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(200))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(200), Some("public")).await;
     let gw2 = Gateway::start(&config(&mock.url(), "")).await;
     list(&gw2, 1, None).await;
     drop(mock);
@@ -282,11 +259,7 @@ async fn list_changed_drops_the_entry_at_once() {
 
 #[tokio::test]
 async fn admin_purge_clears_entries() {
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(600_000))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(600_000), Some("public")).await;
     let gw = Gateway::start(&config(&mock.url(), "")).await;
     list(&gw, 1, None).await;
     list(&gw, 2, None).await;
@@ -307,11 +280,7 @@ async fn admin_purge_clears_entries() {
 
 #[tokio::test]
 async fn disabled_cache_passes_everything_through() {
-    let mock = MockMcp::modern()
-        .ttl_ms(Some(600_000))
-        .cache_scope(Some("public"))
-        .start()
-        .await;
+    let mock = backend(Some(600_000), Some("public")).await;
     let gw = Gateway::start(&config(&mock.url(), "enabled = false")).await;
     for id in 1..=3 {
         list(&gw, id, None).await;
