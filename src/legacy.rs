@@ -186,7 +186,9 @@ async fn initialize(
     )?;
     let env = protocol::parse_envelope(&discover).map_err(frontend::envelope_error)?;
     let reply = dispatch(state, ctx, route, headers, &env, discover, deadline).await?;
-    let found = first_response(reply).await?;
+    let found =
+        crate::proxy::final_response(reply, &route.name(), route.timeout().as_millis() as u64)
+            .await?;
     if let Some(err) = found.get("error") {
         return Err(GatewayError::BackendFailed {
             backend: route.name().to_string(),
@@ -223,29 +225,6 @@ async fn initialize(
             .insert(HeaderName::from_static(h::SESSION_ID), v);
     }
     Ok(resp)
-}
-
-/// The first JSON-RPC response of a reply, as a value.
-async fn first_response(reply: Reply) -> Result<Value, GatewayError> {
-    let mut messages = match reply.messages {
-        MessageStream::One(m) => futures_util::stream::iter(vec![Ok(m)]).boxed(),
-        MessageStream::Many(s) => s,
-        MessageStream::Empty => futures_util::stream::empty().boxed(),
-    };
-    while let Some(m) = messages.next().await {
-        let m = m.map_err(|e| GatewayError::BackendFailed {
-            backend: "backend".into(),
-            detail: e.to_string(),
-        })?;
-        if let Ok(v) = serde_json::from_slice::<Value>(&m)
-            && (v.get("result").is_some() || v.get("error").is_some())
-        {
-            return Ok(v);
-        }
-    }
-    Err(GatewayError::Internal(
-        "no answer to server/discover".into(),
-    ))
 }
 
 /// Legacy request → 2026-07-28 request: the session supplies `_meta`'s required keys.

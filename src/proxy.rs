@@ -528,7 +528,7 @@ async fn cached(
             );
             let reply = reply?;
             let status = reply.status.as_u16();
-            let message = final_message(reply, backend).await?;
+            let message = final_message(reply, &backend.name, backend.cfg.timeout_ms).await?;
             Ok::<_, GatewayError>(Fetched { status, message })
         })
         .await?;
@@ -546,28 +546,48 @@ async fn cached(
     Ok(Reply::one(status, served.body))
 }
 
-/// The JSON-RPC response of a reply, skipping notifications sent before it (a cached answer
-/// is one message; progress about a list fetch has no one to go to after the fact).
-async fn final_message(reply: Reply, backend: &Backend) -> Result<Bytes, GatewayError> {
-    let failed = |detail: String| GatewayError::BackendFailed {
-        backend: backend.name.to_string(),
-        detail,
+/// The JSON-RPC response of a reply, skipping notifications sent before it (a cached answer,
+/// an aggregated part or portico's own discover is one message; progress about it has no one
+/// to go to). `name` and `timeout_ms` describe the route, for the errors.
+pub async fn final_message(
+    reply: Reply,
+    name: &str,
+    timeout_ms: u64,
+) -> Result<Bytes, GatewayError> {
+    let failed = |detail: &str| GatewayError::BackendFailed {
+        backend: name.to_string(),
+        detail: detail.to_string(),
     };
     match reply.messages {
         MessageStream::One(m) => Ok(m),
-        MessageStream::Empty => Err(failed("no answer to a request".into())),
+        MessageStream::Empty => Err(failed("no answer to a request")),
         MessageStream::Many(mut stream) => {
             while let Some(item) = stream.next().await {
-                let msg = item.map_err(|e| {
-                    GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e)
-                })?;
+                let msg = item.map_err(|e| GatewayError::from_upstream(name, timeout_ms, &e))?;
                 if is_response(&msg) {
                     return Ok(msg);
                 }
             }
-            Err(failed("the answer stream ended without a response".into()))
+            Err(failed("the answer stream ended without a response"))
         }
     }
+}
+
+/// [`final_message`], decoded; a message that is neither a result nor an error is the
+/// backend's fault.
+pub async fn final_response(
+    reply: Reply,
+    name: &str,
+    timeout_ms: u64,
+) -> Result<Value, GatewayError> {
+    let msg = final_message(reply, name, timeout_ms).await?;
+    serde_json::from_slice::<Value>(&msg)
+        .ok()
+        .filter(|v| v.get("result").is_some() || v.get("error").is_some())
+        .ok_or_else(|| GatewayError::BackendFailed {
+            backend: name.to_string(),
+            detail: "the answer holds neither a result nor an error".into(),
+        })
 }
 
 /// `POST /admin/cache/purge[?backend=NAME]`: drops cached entries. Loopback callers only until

@@ -30,7 +30,6 @@ mod listen;
 pub mod merge;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{HeaderMap, Response, StatusCode};
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
@@ -377,7 +376,7 @@ async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Result<Part, Gateway
     let mut ctx = req.ctx.clone();
     let work = async {
         let reply = proxy::answer(req.state, &mut ctx, b, &headers, &env, body, deadline).await?;
-        first_response(reply, b).await
+        proxy::final_response(reply, &b.name, b.cfg.timeout_ms).await
     };
     let msg = tokio::time::timeout_at(deadline, work)
         .await
@@ -399,28 +398,6 @@ async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Result<Part, Gateway
     Err(GatewayError::BackendFailed {
         backend: b.name.to_string(),
         detail: "the answer holds neither a result nor an error".into(),
-    })
-}
-
-/// The JSON-RPC response of a reply (notifications before it are dropped: a part's progress has
-/// nowhere to go).
-async fn first_response(reply: Reply, b: &Backend) -> Result<Value, GatewayError> {
-    let mut messages = match reply.messages {
-        MessageStream::One(m) => futures_util::stream::iter(vec![Ok(m)]).boxed(),
-        MessageStream::Many(s) => s,
-        MessageStream::Empty => futures_util::stream::empty().boxed(),
-    };
-    while let Some(m) = messages.next().await {
-        let m = m.map_err(|e| GatewayError::from_upstream(&b.name, b.cfg.timeout_ms, &e))?;
-        if let Ok(v) = serde_json::from_slice::<Value>(&m)
-            && (v.get("result").is_some() || v.get("error").is_some())
-        {
-            return Ok(v);
-        }
-    }
-    Err(GatewayError::BackendFailed {
-        backend: b.name.to_string(),
-        detail: "the answer stream ended without a response".into(),
     })
 }
 
