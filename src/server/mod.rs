@@ -1,17 +1,19 @@
-//! Accepting connections: TCP, optional rustls (h1 + h2 by ALPN), hyper-util's auto h1/h2
-//! server, and graceful shutdown (stop accepting, let in-flight requests finish within the
-//! drain time).
+//! Accepting connections: TCP, optional rustls (h1 + h2 by ALPN), the lean HTTP/1.1 loop
+//! ([`h1`]) for plain TCP with hyper-util's auto h1/h2 server behind it, and graceful shutdown
+//! (stop accepting, let in-flight requests finish within the drain time).
+
+pub mod h1;
 
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::State;
@@ -48,6 +50,10 @@ pub fn tls_acceptor(cfg: &ServerConfig) -> Result<Option<TlsAcceptor>, String> {
 }
 
 /// Serves the client listener until `shutdown` resolves, then drains.
+///
+/// Plain-TCP connections start on the lean HTTP/1.1 loop ([`h1`]); TLS connections, and
+/// anything the lean loop hands over (h2c, HTTP/1.0, chunked bodies, `Expect`), are served by
+/// hyper-util's auto h1/h2 connection. Both feed the same pipeline.
 pub async fn serve(
     shared: Arc<ArcSwap<State>>,
     listener: TcpListener,
@@ -63,7 +69,14 @@ pub async fn serve(
         .max_buf_size(cfg.max_header_bytes.max(8192));
     builder.http2().timer(TokioTimer::new());
     let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
+    let limits = h1::Limits {
+        header_timeout: Duration::from_millis(cfg.header_read_timeout_ms),
+        max_head: cfg.max_header_bytes,
+        max_body: cfg.max_body_bytes,
+    };
+    // The drain: every connection holds a receiver; `true` asks it to finish its request and
+    // close, and the sender's `closed()` tells when the last one is gone.
+    let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -79,24 +92,19 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let svc_state = shared.clone();
-        let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            // Only admin endpoints look at the peer; inserting an extension allocates, so the
-            // MCP hot path skips it.
-            if req.uri().path().starts_with("/admin/") {
-                req.extensions_mut().insert(PeerAddr(peer));
-            }
-            // Each request sees one config generation, even across a hot reload.
-            let state = svc_state.load_full();
-            async move { Ok::<_, Infallible>(crate::proxy::handle(state, req).await) }
-        });
-        let watcher = graceful.watcher();
+        let shared = shared.clone();
         let builder = builder.clone();
+        let mut stop = stop_rx.clone();
         match &tls {
             None => {
                 tokio::spawn(async move {
-                    let conn = builder.serve_connection(TokioIo::new(tcp), service);
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    match h1::serve(tcp, peer, &shared, limits, &mut stop).await {
+                        h1::Outcome::Done => {}
+                        h1::Outcome::Handoff(tcp, read) => {
+                            let io = h1::Rewind::new(read, tcp);
+                            serve_hyper(&builder, io, shared, peer, stop).await;
+                        }
+                    }
                 });
             }
             Some(acceptor) => {
@@ -113,8 +121,7 @@ pub async fn serve(
                             }
                             Err(_) => return,
                         };
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    serve_hyper(&builder, stream, shared, peer, stop).await;
                 });
             }
         }
@@ -125,8 +132,39 @@ pub async fn serve(
         drain_ms = cfg.drain_timeout_ms,
         "shutting down: draining in-flight requests"
     );
+    let _ = stop_tx.send(true);
+    drop(stop_rx);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("drained"),
+        _ = stop_tx.closed() => tracing::info!("drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!("drain time over; closing remaining connections"),
     }
+}
+
+/// One connection served by hyper until it closes; on the drain, hyper finishes the requests
+/// in flight and closes.
+async fn serve_hyper<I>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    shared: Arc<ArcSwap<State>>,
+    peer: std::net::SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        if req.uri().path().starts_with("/admin/") {
+            req.extensions_mut().insert(PeerAddr(peer));
+        }
+        // Each request sees one config generation, even across a hot reload.
+        let state = shared.load_full();
+        async move { Ok::<_, Infallible>(crate::proxy::handle(state, req).await) }
+    });
+    let conn = builder.serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
 }

@@ -1,0 +1,672 @@
+//! The lean HTTP/1.1 server connection: the hot path for plain-TCP clients.
+//!
+//! Why not hyper's server connection: its dispatcher is a general state machine (a channel for
+//! the request body, a timer per request head, flush scheduling, keep-alive bookkeeping) whose
+//! cost per request was of the same order as everything portico itself does on a pass-through.
+//! Streamable HTTP needs little of HTTP/1.1: a POST with a `Content-Length` body and one answer.
+//! This loop reads the head with `httparse`, reads the body, runs the one pipeline
+//! ([`crate::proxy::handle`]) and writes the answer — the head and a ready body in one write.
+//!
+//! What it does not speak it does not imitate: an h2c preface, HTTP/1.0, a chunked request body,
+//! `Expect`, `Upgrade`. Such a connection is handed to hyper with every byte already read
+//! ([`Outcome::Handoff`]), so the edges of HTTP keep hyper's behaviour.
+//!
+//! Timeouts (`[server] header_read_timeout_ms`): a request head must be complete within that
+//! time of the connection turning to it, so an idle keep-alive connection is closed after it too;
+//! a request body may pause at most that long between reads. One timer per connection, reset (a
+//! store, once registered) rather than created per request.
+//!
+//! A client that goes away while its request runs is noticed (end of stream on the socket) and
+//! the request is dropped, which cancels it upstream — as with hyper's half-close default.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
+use http_body_util::Full;
+use std::cell::RefCell;
+use std::future::{Future, poll_fn};
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::{Instant, Sleep};
+
+use super::PeerAddr;
+use crate::State;
+use crate::body::Body;
+use crate::protocol::{code, error_body};
+
+/// Header fields per request head (parsed on the stack); more is refused with 431.
+const MAX_HEADERS: usize = 100;
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 8 * 1024;
+/// Pipelined bytes read ahead while a request runs; past this the socket is left alone.
+const READ_AHEAD: usize = 64 * 1024;
+/// Answer bytes gathered before a write, when the body yields faster than we send.
+const WRITE_BATCH: usize = 64 * 1024;
+/// The HTTP/2 connection preface (RFC 9113 §3.4): a prior-knowledge h2c client.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// The `[server]` limits a connection enforces.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub header_timeout: Duration,
+    pub max_head: usize,
+    pub max_body: usize,
+}
+
+/// How a connection ended.
+pub enum Outcome {
+    /// Closed (by either side, a timeout, a refusal, or the drain).
+    Done,
+    /// Hand the socket to hyper; `Bytes` were read from it and not consumed.
+    Handoff(TcpStream, Bytes),
+}
+
+/// Why reading a request stopped.
+enum Stop {
+    /// Close quietly: end of stream, an I/O error, the drain, or an idle timeout.
+    Close,
+    /// Something hyper should serve.
+    Handoff,
+    /// Answer with this status and message, then close.
+    Refuse(StatusCode, &'static str),
+}
+
+/// One request head, parsed and checked.
+struct Head {
+    parts: http::request::Parts,
+    content_length: u64,
+    keep_alive: bool,
+}
+
+/// How the answer body is framed on the wire.
+#[derive(Clone, Copy, PartialEq)]
+enum Framing {
+    None,
+    Length,
+    Chunked,
+}
+
+struct Conn {
+    io: TcpStream,
+    rbuf: BytesMut,
+    wbuf: Vec<u8>,
+    timer: Pin<Box<Sleep>>,
+    limits: Limits,
+}
+
+/// Serves requests on `io` until it closes, the drain (`stop`) begins, or something comes that
+/// hyper should serve.
+pub async fn serve(
+    io: TcpStream,
+    peer: SocketAddr,
+    shared: &arc_swap::ArcSwap<State>,
+    limits: Limits,
+    stop: &mut watch::Receiver<bool>,
+) -> Outcome {
+    let mut c = Conn {
+        io,
+        rbuf: BytesMut::with_capacity(READ_CHUNK),
+        wbuf: Vec::with_capacity(1024),
+        timer: Box::pin(tokio::time::sleep(limits.header_timeout)),
+        limits,
+    };
+    loop {
+        let head = match c.read_head(stop).await {
+            Ok(head) => head,
+            Err(Stop::Close) => return Outcome::Done,
+            Err(Stop::Handoff) => return Outcome::Handoff(c.io, c.rbuf.freeze()),
+            Err(Stop::Refuse(status, why)) => {
+                c.refuse(status, why).await;
+                return Outcome::Done;
+            }
+        };
+        let mut keep_alive = head.keep_alive;
+        // A body over the limit is not read: the pipeline refuses it by its Content-Length
+        // (413), and the connection closes since the body's bytes are still on the way.
+        let body = if head.content_length > limits.max_body as u64 {
+            keep_alive = false;
+            Bytes::new()
+        } else {
+            match c.read_body(head.content_length as usize).await {
+                Ok(body) => body,
+                Err(_) => return Outcome::Done,
+            }
+        };
+        let head_only = head.parts.method == Method::HEAD;
+        let mut req = Request::from_parts(head.parts, Full::new(body));
+        // Only admin endpoints look at the peer; an extension allocates, so MCP paths skip it.
+        if req.uri().path().starts_with("/admin/") {
+            req.extensions_mut().insert(PeerAddr(peer));
+        }
+        // Each request sees one config generation, even across a hot reload.
+        let state = shared.load_full();
+        let Some(resp) = c.run(crate::proxy::handle(state, req)).await else {
+            return Outcome::Done;
+        };
+        keep_alive &= !*stop.borrow();
+        if !c.write_response(resp, head_only, keep_alive).await || !keep_alive {
+            return Outcome::Done;
+        }
+    }
+}
+
+impl Conn {
+    /// Reads and parses the next request head.
+    async fn read_head(&mut self, stop: &mut watch::Receiver<bool>) -> Result<Head, Stop> {
+        let mut deadline = None;
+        loop {
+            if !self.rbuf.is_empty() {
+                if let Some(head) = self.parse()? {
+                    return Ok(head);
+                }
+                if self.rbuf.len() > self.limits.max_head {
+                    return Err(Stop::Refuse(
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        "request head too large",
+                    ));
+                }
+            }
+            let deadline =
+                *deadline.get_or_insert_with(|| Instant::now() + self.limits.header_timeout);
+            let idle = self.rbuf.is_empty();
+            match self.fill(deadline, idle.then_some(&mut *stop)).await {
+                Ok(()) => {}
+                Err(Fill::Eof | Fill::Io | Fill::Stopped) => return Err(Stop::Close),
+                Err(Fill::TimedOut) if idle => return Err(Stop::Close),
+                Err(Fill::TimedOut) => {
+                    return Err(Stop::Refuse(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request head not received in time",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Parses a complete head at the front of `rbuf`, if there is one.
+    fn parse(&mut self) -> Result<Option<Head>, Stop> {
+        if self.rbuf.len() >= 3 && H2_PREFACE.starts_with(&self.rbuf[..self.rbuf.len().min(14)])
+        {
+            return Err(Stop::Handoff);
+        }
+        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        let len = match req.parse_with_uninit_headers(&self.rbuf, &mut slots) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::Version) => return Err(Stop::Handoff),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(Stop::Refuse(
+                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                    "too many header fields",
+                ));
+            }
+            Err(_) => {
+                return Err(Stop::Refuse(
+                    StatusCode::BAD_REQUEST,
+                    "malformed HTTP request head",
+                ));
+            }
+        };
+        if len > self.limits.max_head {
+            return Err(Stop::Refuse(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request head too large",
+            ));
+        }
+        if req.version != Some(1) {
+            return Err(Stop::Handoff);
+        }
+        // Where each piece lies in the buffer, so the head can be frozen once and every name,
+        // value and the path shared from it without copies.
+        let base = self.rbuf.as_ptr() as usize;
+        let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
+        let (Some(method), Some(path)) = (req.method, req.path) else {
+            return Err(Stop::Refuse(
+                StatusCode::BAD_REQUEST,
+                "malformed HTTP request head",
+            ));
+        };
+        let method = Method::from_bytes(method.as_bytes()).map_err(|_| {
+            Stop::Refuse(StatusCode::BAD_REQUEST, "malformed HTTP request method")
+        })?;
+        let path = at(path.as_bytes());
+        let mut spots = [((0, 0), (0, 0)); MAX_HEADERS];
+        let mut content_length = None;
+        let mut keep_alive = true;
+        for (spot, h) in spots.iter_mut().zip(req.headers.iter()) {
+            *spot = (at(h.name.as_bytes()), at(h.value));
+            let name = h.name.as_bytes();
+            if name.eq_ignore_ascii_case(b"content-length") {
+                let n = parse_length(h.value).ok_or(Stop::Refuse(
+                    StatusCode::BAD_REQUEST,
+                    "invalid Content-Length",
+                ))?;
+                if content_length.is_some_and(|c| c != n) {
+                    return Err(Stop::Refuse(
+                        StatusCode::BAD_REQUEST,
+                        "conflicting Content-Length headers",
+                    ));
+                }
+                content_length = Some(n);
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+                || name.eq_ignore_ascii_case(b"expect")
+                || name.eq_ignore_ascii_case(b"upgrade")
+            {
+                return Err(Stop::Handoff);
+            } else if name.eq_ignore_ascii_case(b"connection") && has_token(h.value, b"close") {
+                keep_alive = false;
+            }
+        }
+        let count = req.headers.len();
+        let raw = self.rbuf.split_to(len).freeze();
+        let bad_header = || Stop::Refuse(StatusCode::BAD_REQUEST, "malformed header field");
+        let mut headers = HeaderMap::with_capacity(count);
+        for &((n, nl), (v, vl)) in &spots[..count] {
+            let name = HeaderName::from_bytes(&raw[n..n + nl]).map_err(|_| bad_header())?;
+            let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
+                .map_err(|_| bad_header())?;
+            headers.append(name, value);
+        }
+        let uri = Uri::from_maybe_shared(raw.slice(path.0..path.0 + path.1))
+            .map_err(|_| Stop::Refuse(StatusCode::BAD_REQUEST, "malformed request target"))?;
+        let (mut parts, ()) = Request::new(()).into_parts();
+        parts.method = method;
+        parts.uri = uri;
+        parts.version = Version::HTTP_11;
+        parts.headers = headers;
+        Ok(Some(Head {
+            parts,
+            content_length: content_length.unwrap_or(0),
+            keep_alive,
+        }))
+    }
+
+    /// Reads a body of `len` bytes (at most `max_body`, checked by the caller).
+    async fn read_body(&mut self, len: usize) -> Result<Bytes, Fill> {
+        while self.rbuf.len() < len {
+            self.rbuf.reserve(len - self.rbuf.len());
+            let deadline = Instant::now() + self.limits.header_timeout;
+            self.fill(deadline, None).await?;
+        }
+        Ok(self.rbuf.split_to(len).freeze())
+    }
+
+    /// Reads more bytes into `rbuf`, waiting until `deadline`; while idle, the drain ends the wait.
+    async fn fill(
+        &mut self,
+        deadline: Instant,
+        stop: Option<&mut watch::Receiver<bool>>,
+    ) -> Result<(), Fill> {
+        self.rbuf.reserve(READ_CHUNK);
+        // Reset only matters once the read has to wait; a registered timer moved later is a
+        // store, not a trip through the timer wheel.
+        self.timer.as_mut().reset(deadline);
+        let stopped = async {
+            match stop {
+                Some(rx) => {
+                    let _ = rx.wait_for(|s| *s).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            read = self.io.read_buf(&mut self.rbuf) => match read {
+                Ok(0) => Err(Fill::Eof),
+                Ok(_) => Ok(()),
+                Err(_) => Err(Fill::Io),
+            },
+            _ = &mut self.timer => Err(Fill::TimedOut),
+            _ = stopped => Err(Fill::Stopped),
+        }
+    }
+
+    /// Runs the pipeline for one request; `None` if the client went away first.
+    async fn run(&mut self, fut: impl Future<Output = Response<Body>>) -> Option<Response<Body>> {
+        let mut fut = pin!(fut);
+        poll_fn(|cx| {
+            if let Poll::Ready(resp) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(resp));
+            }
+            if self.peer_left(cx) {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Whether the client closed its end (or the socket broke). Bytes it sends meanwhile (a
+    /// pipelined request) are kept for the next head. Costs no syscall unless the reactor saw
+    /// the socket readable.
+    fn peer_left(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.rbuf.len() >= READ_AHEAD {
+                return false;
+            }
+            match self.io.poll_read_ready(cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Err(_)) => return true,
+                Poll::Ready(Ok(())) => {}
+            }
+            self.rbuf.reserve(READ_CHUNK);
+            match self.io.try_read_buf(&mut self.rbuf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// Writes one answer; `false` if the connection cannot carry another.
+    async fn write_response(&mut self, resp: Response<Body>, head_only: bool, keep: bool) -> bool {
+        let (parts, body) = resp.into_parts();
+        let status = parts.status;
+        let bodiless = status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let wbuf = &mut self.wbuf;
+        wbuf.clear();
+        status_line(wbuf, status);
+        let mut framing = Framing::Chunked;
+        for (name, value) in &parts.headers {
+            if name == header::TRANSFER_ENCODING || name == header::CONNECTION {
+                continue;
+            }
+            if name == header::CONTENT_LENGTH {
+                framing = Framing::Length;
+            }
+            put_header(wbuf, name.as_str().as_bytes(), value.as_bytes());
+        }
+        date_header(wbuf);
+        if !keep {
+            wbuf.extend_from_slice(b"connection: close\r\n");
+        }
+        if bodiless {
+            framing = Framing::None;
+        } else if framing != Framing::Length {
+            match body.size_hint().exact() {
+                Some(n) => {
+                    framing = Framing::Length;
+                    wbuf.extend_from_slice(b"content-length: ");
+                    wbuf.extend_from_slice(itoa_u64(n, &mut [0; 20]));
+                    wbuf.extend_from_slice(b"\r\n");
+                }
+                None => wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            }
+        }
+        wbuf.extend_from_slice(b"\r\n");
+        if head_only || framing == Framing::None {
+            return self.io.write_all(&self.wbuf).await.is_ok();
+        }
+        self.write_body(body, framing == Framing::Chunked).await
+    }
+
+    /// Relays body frames as they come: what is ready goes out in one write (the head included),
+    /// and whatever is gathered is sent as soon as the body makes us wait (SSE events go out
+    /// when produced).
+    async fn write_body(&mut self, body: Body, chunked: bool) -> bool {
+        let mut body = pin!(body);
+        loop {
+            let step = poll_fn(|cx| {
+                match body.as_mut().poll_frame(cx) {
+                    Poll::Ready(frame) => return Poll::Ready(Step::Frame(frame)),
+                    Poll::Pending if !self.wbuf.is_empty() => return Poll::Ready(Step::Flush),
+                    Poll::Pending => {}
+                }
+                if self.peer_left(cx) {
+                    return Poll::Ready(Step::PeerLeft);
+                }
+                Poll::Pending
+            })
+            .await;
+            match step {
+                Step::Flush => {
+                    if self.io.write_all(&self.wbuf).await.is_err() {
+                        return false;
+                    }
+                    self.wbuf.clear();
+                }
+                Step::Frame(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue; // trailers: not relayed
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    if chunked {
+                        let mut hex = [0u8; 16];
+                        self.wbuf.extend_from_slice(hex_len(data.len(), &mut hex));
+                        self.wbuf.extend_from_slice(b"\r\n");
+                        self.wbuf.extend_from_slice(&data);
+                        self.wbuf.extend_from_slice(b"\r\n");
+                    } else {
+                        self.wbuf.extend_from_slice(&data);
+                    }
+                    if self.wbuf.len() >= WRITE_BATCH {
+                        if self.io.write_all(&self.wbuf).await.is_err() {
+                            return false;
+                        }
+                        self.wbuf.clear();
+                    }
+                }
+                Step::Frame(None) => {
+                    if chunked {
+                        self.wbuf.extend_from_slice(b"0\r\n\r\n");
+                    }
+                    return self.io.write_all(&self.wbuf).await.is_ok();
+                }
+                // A body that broke mid-way cannot be finished: closing tells the client.
+                Step::Frame(Some(Err(_))) | Step::PeerLeft => {
+                    let _ = self.io.write_all(&self.wbuf).await;
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Refuses a request portico could not read as HTTP: a JSON-RPC error naming the problem.
+    async fn refuse(&mut self, status: StatusCode, why: &str) {
+        let body = error_body(None, code::INVALID_REQUEST, why, None);
+        let wbuf = &mut self.wbuf;
+        wbuf.clear();
+        status_line(wbuf, status);
+        wbuf.extend_from_slice(b"content-type: application/json\r\nconnection: close\r\n");
+        date_header(wbuf);
+        wbuf.extend_from_slice(b"content-length: ");
+        wbuf.extend_from_slice(itoa_u64(body.len() as u64, &mut [0; 20]));
+        wbuf.extend_from_slice(b"\r\n\r\n");
+        wbuf.extend_from_slice(&body);
+        let _ = tokio::time::timeout(
+            self.limits.header_timeout,
+            self.io.write_all(&self.wbuf),
+        )
+        .await;
+    }
+}
+
+enum Fill {
+    Eof,
+    Io,
+    TimedOut,
+    Stopped,
+}
+
+enum Step {
+    Frame(Option<Result<http_body::Frame<Bytes>, crate::body::BodyError>>),
+    Flush,
+    PeerLeft,
+}
+
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
+}
+
+/// Whether a comma-separated header value holds `token` (ASCII case-insensitive).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
+    value
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+fn put_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The `Date` header, formatted once per second per thread.
+fn date_header(out: &mut Vec<u8>) {
+    thread_local! {
+        static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, text)| {
+        if *at != secs || text.is_empty() {
+            *at = secs;
+            *text = httpdate::fmt_http_date(now);
+        }
+        put_header(out, b"date", text.as_bytes());
+    });
+}
+
+fn itoa_u64(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = DIGITS[n & 15];
+        n >>= 4;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// A socket with bytes already read from it put back in front: how a connection is handed to
+/// hyper without losing what the lean loop read.
+pub struct Rewind {
+    pre: Bytes,
+    io: TcpStream,
+}
+
+impl Rewind {
+    pub fn new(pre: Bytes, io: TcpStream) -> Rewind {
+        Rewind { pre, io }
+    }
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.pre.is_empty() {
+            let n = self.pre.len().min(buf.remaining());
+            buf.put_slice(&self.pre[..n]);
+            self.pre.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_parse_strictly() {
+        assert_eq!(parse_length(b"0"), Some(0));
+        assert_eq!(parse_length(b"1234"), Some(1234));
+        assert_eq!(parse_length(b""), None);
+        assert_eq!(parse_length(b"+1"), None);
+        assert_eq!(parse_length(b"1 2"), None);
+        assert_eq!(parse_length(b"99999999999999999999"), None);
+    }
+
+    #[test]
+    fn connection_tokens() {
+        assert!(has_token(b"close", b"close"));
+        assert!(has_token(b"keep-alive, Close", b"close"));
+        assert!(!has_token(b"closed", b"close"));
+    }
+
+    #[test]
+    fn numbers_format() {
+        assert_eq!(itoa_u64(0, &mut [0; 20]), b"0");
+        assert_eq!(itoa_u64(u64::MAX, &mut [0; 20]), b"18446744073709551615");
+        assert_eq!(hex_len(0, &mut [0; 16]), b"0");
+        assert_eq!(hex_len(0x1a2f, &mut [0; 16]), b"1a2f");
+    }
+}
