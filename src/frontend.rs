@@ -43,19 +43,19 @@ pub struct Head {
 
 impl Head {
     pub fn read(headers: &HeaderMap) -> Head {
-        let text = |name: &str| {
+        let text = |name: HeaderName| {
             headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(|s| s.trim().to_string())
         };
         Head {
-            version: text(h::PROTOCOL_VERSION),
-            method: text(h::METHOD),
+            version: text(h::names::PROTOCOL_VERSION),
+            method: text(h::names::METHOD),
             name: headers
-                .get(h::NAME)
+                .get(h::names::NAME)
                 .map(|v| decode_header_value(v.as_bytes()).ok_or(())),
-            session: text(h::SESSION_ID),
+            session: text(h::names::SESSION_ID),
         }
     }
 }
@@ -82,7 +82,7 @@ pub fn forwardable(name: &HeaderName) -> bool {
 /// else is neither logged nor trusted (it is still forwarded by the allowlist, as the spec says a
 /// receiver decides what to do with a malformed one).
 pub fn traceparent(headers: &HeaderMap) -> Option<HeaderValue> {
-    let v = headers.get("traceparent")?;
+    let v = headers.get(h::names::TRACEPARENT)?;
     let b = v.as_bytes();
     let hex = |s: &[u8]| s.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
     let shaped = b.len() >= 55
@@ -161,13 +161,29 @@ where
     {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(GatewayError::BodyTooLarge { limit })
+    let too_large = |e: &crate::body::BodyError| e.is::<http_body_util::LengthLimitError>();
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    // The usual body arrives as one frame (the lean HTTP/1.1 server reads it whole): return
+    // that buffer as is, without a collecting buffer list.
+    let mut first = Bytes::new();
+    let mut rest: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) if too_large(&e) => return Err(GatewayError::BodyTooLarge { limit }),
+            Err(e) => return Err(GatewayError::BodyRead(e.to_string())),
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        if first.is_empty() && rest.is_none() {
+            first = data;
+            continue;
         }
-        Err(e) => Err(GatewayError::BodyRead(e.to_string())),
+        rest.get_or_insert_with(|| bytes::BytesMut::from(&first[..]))
+            .extend_from_slice(&data);
     }
+    Ok(rest.map_or(first, bytes::BytesMut::freeze))
 }
 
 /// Decides the era of a request from its headers, peeking at the body only when the headers

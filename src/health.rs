@@ -12,7 +12,7 @@
 //! - the built-in demo is always up.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -129,11 +129,11 @@ async fn check(b: &Backend, timeout: Duration) -> Result<(), String> {
                     HeaderValue::from_static("application/json, text/event-stream"),
                 ),
                 (
-                    HeaderName::from_static(h::PROTOCOL_VERSION),
+                    h::names::PROTOCOL_VERSION,
                     HeaderValue::from_static(LATEST_VERSION),
                 ),
                 (
-                    HeaderName::from_static(h::METHOD),
+                    h::names::METHOD,
                     HeaderValue::from_static("server/discover"),
                 ),
             ];

@@ -20,7 +20,7 @@
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderMap, HeaderValue, Method};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -209,11 +209,11 @@ async fn listen(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ende
         Upstream::Http(up) => {
             let extra = [
                 (
-                    HeaderName::from_static(h::PROTOCOL_VERSION),
+                    h::names::PROTOCOL_VERSION,
                     HeaderValue::from_static(LATEST_VERSION),
                 ),
                 (
-                    HeaderName::from_static(h::METHOD),
+                    h::names::METHOD,
                     HeaderValue::from_static("subscriptions/listen"),
                 ),
                 (
@@ -275,11 +275,11 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
         Err(e) => return Ended::Failed(e.to_string()),
     };
     let mut extra = vec![(
-        HeaderName::from_static(h::PROTOCOL_VERSION),
+        h::names::PROTOCOL_VERSION,
         session.version.clone(),
     )];
     if let Some(id) = &session.id {
-        extra.push((HeaderName::from_static(h::SESSION_ID), id.clone()));
+        extra.push((h::names::SESSION_ID, id.clone()));
     }
     let mut req = up.request(&HeaderMap::new(), &extra, Bytes::new());
     *req.method_mut() = Method::GET;

@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -222,7 +222,7 @@ async fn initialize(
     let mut resp = result(id, init);
     if let Ok(v) = HeaderValue::from_str(&sid) {
         resp.headers_mut()
-            .insert(HeaderName::from_static(h::SESSION_ID), v);
+            .insert(h::names::SESSION_ID, v);
     }
     Ok(resp)
 }

@@ -11,6 +11,7 @@
 //!
 //! Every metric is documented in deploy/README.md ("Metrics"); keep that table in step.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
@@ -56,7 +57,17 @@ pub struct InFlight(IntGauge);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Requests in flight in this process, across config generations (the gauge above lives in
+/// the registry; this is the cheap read the upstream path asks on every request).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// How many requests this process is serving right now.
+pub fn requests_in_flight() -> usize {
+    IN_FLIGHT.load(Ordering::Relaxed)
 }
 
 fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -178,6 +189,7 @@ impl Metrics {
     /// Counts a request as in flight until the returned guard drops.
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.inc();
+        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
         InFlight(self.in_flight.clone())
     }
 

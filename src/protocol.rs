@@ -34,6 +34,17 @@ pub mod header {
     pub const NAME: &str = "mcp-name";
     pub const SESSION_ID: &str = "mcp-session-id";
     pub const PARAM_PREFIX: &str = "mcp-param-";
+
+    /// The same names as `HeaderName`s, built at compile time: a lookup or insert by `&str`
+    /// (or a `from_static` call at run time) parses and validates the name on every request.
+    pub mod names {
+        use http::HeaderName;
+        pub const PROTOCOL_VERSION: HeaderName = HeaderName::from_static(super::PROTOCOL_VERSION);
+        pub const METHOD: HeaderName = HeaderName::from_static(super::METHOD);
+        pub const NAME: HeaderName = HeaderName::from_static(super::NAME);
+        pub const SESSION_ID: HeaderName = HeaderName::from_static(super::SESSION_ID);
+        pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+    }
 }
 
 /// JSON-RPC and MCP error codes.
@@ -473,21 +484,17 @@ pub fn encode_header_value(value: &str) -> String {
 /// Whether an `Accept` header admits both JSON and SSE (an absent header admits anything).
 pub fn accept_ok(accept: Option<&[u8]>) -> bool {
     let Some(accept) = accept else { return true };
-    let Ok(accept) = std::str::from_utf8(accept) else {
-        return false;
-    };
     let (mut json, mut sse) = (false, false);
-    for range in accept.split(',') {
-        let media = range.split(';').next().unwrap_or("").trim();
-        let media = media.to_ascii_lowercase();
-        match media.as_str() {
-            "*/*" => {
-                json = true;
-                sse = true;
-            }
-            "application/*" | "application/json" => json = true,
-            "text/*" | "text/event-stream" => sse = true,
-            _ => {}
+    for range in accept.split(|b| *b == b',') {
+        let media = range.split(|b| *b == b';').next().unwrap_or(b"").trim_ascii();
+        let is = |m: &[u8]| media.eq_ignore_ascii_case(m);
+        if is(b"*/*") {
+            json = true;
+            sse = true;
+        } else if is(b"application/*") || is(b"application/json") {
+            json = true;
+        } else if is(b"text/*") || is(b"text/event-stream") {
+            sse = true;
         }
     }
     json && sse

@@ -200,15 +200,18 @@ where
     let head = Head::read(&parts.headers);
     let era = frontend::era(&head, &body)?;
     ctx.era = Some(era);
+    // Aggregation and the legacy era are boxed: their futures are several KB, and inline they
+    // would set the size (and the cost of every move) of each request's state, pass-through
+    // included.
     match (era, route) {
         (Era::Modern, Route::Backend(backend)) => {
             modern(state, ctx, backend, &parts.headers, head, body).await
         }
         (Era::Modern, Route::Endpoint(ep)) => {
-            aggregate::serve(state, ctx, ep, &parts.headers, head, body).await
+            Box::pin(aggregate::serve(state, ctx, ep, &parts.headers, head, body)).await
         }
         (Era::Legacy, route) => {
-            legacy::serve(state, ctx, path, route, &parts.headers, head, body).await
+            Box::pin(legacy::serve(state, ctx, path, route, &parts.headers, head, body)).await
         }
     }
 }
@@ -306,7 +309,8 @@ async fn modern(
         ctx.method = Some(env.method.clone());
     }
     frontend::verify_modern(&head, &mh, &env)?;
-    let reply = answer(state, ctx, backend, headers, &env, body, deadline).await?;
+    // Boxed for the same reason as the legacy path: the cache and bridge futures are large.
+    let reply = Box::pin(answer(state, ctx, backend, headers, &env, body, deadline)).await?;
     Ok(render(reply, env.id.as_ref(), backend).await)
 }
 
@@ -678,16 +682,16 @@ async fn forward(
 pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = Vec::with_capacity(3);
     out.push((
-        HeaderName::from_static(h::PROTOCOL_VERSION),
+        h::names::PROTOCOL_VERSION,
         HeaderValue::from_static(LATEST_VERSION),
     ));
     if let Ok(v) = HeaderValue::from_str(&env.method) {
-        out.push((HeaderName::from_static(h::METHOD), v));
+        out.push((h::names::METHOD, v));
     }
     if let Some(name) = &env.name
         && let Ok(v) = HeaderValue::from_str(&protocol::encode_header_value(name))
     {
-        out.push((HeaderName::from_static(h::NAME), v));
+        out.push((h::names::NAME, v));
     }
     out
 }

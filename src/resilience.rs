@@ -268,11 +268,11 @@ pub fn spawn_probe(backend: &Arc<crate::router::Backend>) {
         let headers = http::HeaderMap::new();
         let mut extra = vec![
             (
-                http::HeaderName::from_static(crate::protocol::header::PROTOCOL_VERSION),
+                crate::protocol::header::names::PROTOCOL_VERSION,
                 http::HeaderValue::from_static(crate::protocol::LATEST_VERSION),
             ),
             (
-                http::HeaderName::from_static(crate::protocol::header::METHOD),
+                crate::protocol::header::names::METHOD,
                 http::HeaderValue::from_static("server/discover"),
             ),
         ];

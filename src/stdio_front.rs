@@ -29,7 +29,7 @@
 //! Logs go to stderr (set up in `main`); stdout carries protocol lines only.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -419,10 +419,10 @@ fn request(
         HeaderValue::from_static("application/json"),
     );
     headers.insert(header::ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
-    let version = HeaderName::from_static(h::PROTOCOL_VERSION);
+    let version = h::names::PROTOCOL_VERSION;
     match session {
         Some(s) => {
-            headers.insert(HeaderName::from_static(h::SESSION_ID), s.session_id.clone());
+            headers.insert(h::names::SESSION_ID, s.session_id.clone());
             headers.insert(version, s.version.clone());
         }
         // `initialize` goes without a version header, as on HTTP.
@@ -434,12 +434,12 @@ fn request(
                 headers.insert(version, v);
             }
             if let Ok(m) = HeaderValue::from_str(&env.method) {
-                headers.insert(HeaderName::from_static(h::METHOD), m);
+                headers.insert(h::names::METHOD, m);
             }
             if let Some(name) = &env.name
                 && let Ok(n) = HeaderValue::from_str(&protocol::encode_header_value(name))
             {
-                headers.insert(HeaderName::from_static(h::NAME), n);
+                headers.insert(h::names::NAME, n);
             }
         }
     }

@@ -309,11 +309,11 @@ async fn send_raw(
         Upstream::Http(up) => {
             let mut extra = base_headers();
             extra.push((
-                HeaderName::from_static(h::PROTOCOL_VERSION),
+                h::names::PROTOCOL_VERSION,
                 s.version.clone(),
             ));
             if let Some(sid) = &s.id {
-                extra.push((HeaderName::from_static(h::SESSION_ID), sid.clone()));
+                extra.push((h::names::SESSION_ID, sid.clone()));
             }
             // Only trace context travels with bridged requests; the 2026 mirror headers would
             // contradict the legacy session.

@@ -3,7 +3,7 @@
 //! per backend ([`ensure_verdict`]). Never keyed on one error code.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -114,6 +114,12 @@ pub async fn ensure_verdict(b: &Backend) -> Result<Verdict, GatewayError> {
     if v != Verdict::Unknown {
         return Ok(v);
     }
+    // Boxed: the probe is a large future that runs once per backend; inline, it would enlarge
+    // the state of every request that merely reads the verdict.
+    Box::pin(probe(b)).await
+}
+
+async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
     let _one = b.bridge.probe_lock.lock().await;
     let v = b.verdict();
     if v != Verdict::Unknown {
@@ -123,10 +129,10 @@ pub async fn ensure_verdict(b: &Backend) -> Result<Verdict, GatewayError> {
         Upstream::Http(up) => {
             let mut extra = base_headers();
             extra.push((
-                HeaderName::from_static(h::PROTOCOL_VERSION),
+                h::names::PROTOCOL_VERSION,
                 hv(LATEST_VERSION),
             ));
-            extra.push((HeaderName::from_static(h::METHOD), hv("server/discover")));
+            extra.push((h::names::METHOD, hv("server/discover")));
             let req = up.request(&HeaderMap::new(), &extra, probe_body());
             let reply = up
                 .call(req, Instant::now() + b.timeout)

@@ -4,7 +4,7 @@
 //! re-probes the backend ([`flip_to_modern`]).
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -221,11 +221,11 @@ pub(super) async fn initialize(
         Upstream::Http(up) => {
             let mut extra = base_headers();
             extra.push((
-                HeaderName::from_static(h::PROTOCOL_VERSION),
+                h::names::PROTOCOL_VERSION,
                 version.clone(),
             ));
             if let Some(sid) = &session_id {
-                extra.push((HeaderName::from_static(h::SESSION_ID), sid.clone()));
+                extra.push((h::names::SESSION_ID, sid.clone()));
             }
             let req = up.request(&HeaderMap::new(), &extra, Bytes::from_static(INITIALIZED));
             let reply = up
@@ -269,9 +269,9 @@ pub async fn close(b: &Backend) {
         let mut req = up.request(
             &HeaderMap::new(),
             &[
-                (HeaderName::from_static(h::SESSION_ID), sid.clone()),
+                (h::names::SESSION_ID, sid.clone()),
                 (
-                    HeaderName::from_static(h::PROTOCOL_VERSION),
+                    h::names::PROTOCOL_VERSION,
                     s.version.clone(),
                 ),
             ],

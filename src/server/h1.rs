@@ -20,7 +20,7 @@
 //! the request is dropped, which cancels it upstream — as with hyper's half-close default.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::Full;
@@ -41,6 +41,7 @@ use super::PeerAddr;
 use crate::State;
 use crate::body::Body;
 use crate::protocol::{code, error_body};
+use crate::upstream::h1::HeaderSpots;
 
 /// Header fields per request head (parsed on the stack); more is refused with 431.
 const MAX_HEADERS: usize = 100;
@@ -98,6 +99,7 @@ struct Conn {
     io: TcpStream,
     rbuf: BytesMut,
     wbuf: Vec<u8>,
+    spots: HeaderSpots,
     timer: Pin<Box<Sleep>>,
     limits: Limits,
 }
@@ -115,6 +117,7 @@ pub async fn serve(
         io,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
         wbuf: Vec::with_capacity(1024),
+        spots: HeaderSpots::default(),
         timer: Box::pin(tokio::time::sleep(limits.header_timeout)),
         limits,
     };
@@ -148,7 +151,10 @@ pub async fn serve(
         }
         // Each request sees one config generation, even across a hot reload.
         let state = shared.load_full();
-        let Some(resp) = c.run(crate::proxy::handle(state, req)).await else {
+        // Pinned here and run by reference: the pipeline's future is several KB, and passing
+        // it by value would copy it at every hand-over.
+        let fut = pin!(crate::proxy::handle(state, req));
+        let Some(resp) = c.run(fut).await else {
             return Outcome::Done;
         };
         keep_alive &= !*stop.borrow();
@@ -225,8 +231,8 @@ impl Conn {
         if req.version != Some(1) {
             return Err(Stop::Handoff);
         }
-        // Where each piece lies in the buffer, so the head can be frozen once and every name,
-        // value and the path shared from it without copies.
+        // Where the path lies in the buffer (the headers' places go to `spots`), so the head
+        // can be frozen once and the path and every value shared from it without copies.
         let base = self.rbuf.as_ptr() as usize;
         let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
         let (Some(method), Some(path)) = (req.method, req.path) else {
@@ -239,11 +245,10 @@ impl Conn {
             Stop::Refuse(StatusCode::BAD_REQUEST, "malformed HTTP request method")
         })?;
         let path = at(path.as_bytes());
-        let mut spots = [((0, 0), (0, 0)); MAX_HEADERS];
+        self.spots.record(&self.rbuf, req.headers);
         let mut content_length = None;
         let mut keep_alive = true;
-        for (spot, h) in spots.iter_mut().zip(req.headers.iter()) {
-            *spot = (at(h.name.as_bytes()), at(h.value));
+        for h in req.headers.iter() {
             let name = h.name.as_bytes();
             if name.eq_ignore_ascii_case(b"content-length") {
                 let n = parse_length(h.value).ok_or(Stop::Refuse(
@@ -266,16 +271,11 @@ impl Conn {
                 keep_alive = false;
             }
         }
-        let count = req.headers.len();
         let raw = self.rbuf.split_to(len).freeze();
-        let bad_header = || Stop::Refuse(StatusCode::BAD_REQUEST, "malformed header field");
-        let mut headers = HeaderMap::with_capacity(count);
-        for &((n, nl), (v, vl)) in &spots[..count] {
-            let name = HeaderName::from_bytes(&raw[n..n + nl]).map_err(|_| bad_header())?;
-            let value = HeaderValue::from_maybe_shared(raw.slice(v..v + vl))
-                .map_err(|_| bad_header())?;
-            headers.append(name, value);
-        }
+        let headers = self.spots.map(&raw, header_name).ok_or(Stop::Refuse(
+            StatusCode::BAD_REQUEST,
+            "malformed header field",
+        ))?;
         let uri = Uri::from_maybe_shared(raw.slice(path.0..path.0 + path.1))
             .map_err(|_| Stop::Refuse(StatusCode::BAD_REQUEST, "malformed request target"))?;
         let (mut parts, ()) = Request::new(()).into_parts();
@@ -331,8 +331,10 @@ impl Conn {
     }
 
     /// Runs the pipeline for one request; `None` if the client went away first.
-    async fn run(&mut self, fut: impl Future<Output = Response<Body>>) -> Option<Response<Body>> {
-        let mut fut = pin!(fut);
+    async fn run<F>(&mut self, mut fut: Pin<&mut F>) -> Option<Response<Body>>
+    where
+        F: Future<Output = Response<Body>>,
+    {
         poll_fn(|cx| {
             if let Poll::Ready(resp) = fut.as_mut().poll(cx) {
                 return Poll::Ready(Some(resp));
@@ -506,6 +508,18 @@ enum Step {
     Frame(Option<Result<http_body::Frame<Bytes>, crate::body::BodyError>>),
     Flush,
     PeerLeft,
+}
+
+/// A header name; the MCP names every request carries come from static strings, since a
+/// name `http` does not know costs an allocation when parsed.
+fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
+    use crate::protocol::header::names;
+    for known in [names::PROTOCOL_VERSION, names::METHOD, names::NAME, names::SESSION_ID] {
+        if raw.eq_ignore_ascii_case(known.as_str().as_bytes()) {
+            return Ok(Some(known));
+        }
+    }
+    HeaderName::from_bytes(raw).map(Some).map_err(|_| ())
 }
 
 fn parse_length(v: &[u8]) -> Option<u64> {

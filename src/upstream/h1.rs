@@ -22,6 +22,7 @@ use http::{Request, Response, StatusCode, Version};
 use http_body::{Frame, SizeHint};
 use std::future::{Future, poll_fn};
 use std::io;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use tokio::io::AsyncWrite;
@@ -40,11 +41,50 @@ const MAX_LINE_BYTES: usize = 4 * 1024;
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 16 * 1024;
 
+/// Where each header's name and value lie in a head being parsed: recorded while the parser
+/// borrows the read buffer, so that once the head is frozen every value shares its bytes
+/// instead of being copied. Kept by a connection, so parsing neither allocates nor initialises
+/// a large array. (The server side, `server::h1`, parses request heads the same way.)
+#[derive(Default)]
+pub struct HeaderSpots(Vec<(usize, usize, usize, usize)>);
+
+impl HeaderSpots {
+    /// Records the positions of `headers`, which the parser took from `buf`.
+    pub fn record(&mut self, buf: &[u8], headers: &[httparse::Header<'_>]) {
+        let base = buf.as_ptr() as usize;
+        self.0.clear();
+        for h in headers {
+            let n = h.name.as_ptr() as usize - base;
+            let v = h.value.as_ptr() as usize - base;
+            self.0.push((n, n + h.name.len(), v, v + h.value.len()));
+        }
+    }
+
+    /// The recorded headers as a map over `head` (the frozen bytes `buf` held). `name` names a
+    /// header, `Ok(None)` leaving it out; `None` if a name or value is not valid HTTP.
+    pub fn map(
+        &self,
+        head: &Bytes,
+        name: impl Fn(&[u8]) -> Result<Option<HeaderName>, ()>,
+    ) -> Option<HeaderMap> {
+        let mut map = HeaderMap::with_capacity(self.0.len());
+        for &(n0, n1, v0, v1) in &self.0 {
+            let Some(name) = name(&head[n0..n1]).ok()? else {
+                continue;
+            };
+            let value = HeaderValue::from_maybe_shared(head.slice(v0..v1)).ok()?;
+            map.append(name, value);
+        }
+        Some(map)
+    }
+}
+
 /// One pooled connection: the socket, what has been read but not consumed, and the deadline timer.
 pub struct Conn {
     io: TcpStream,
     rbuf: BytesMut,
     wbuf: Vec<u8>,
+    spots: HeaderSpots,
     sleep: Pin<Box<Sleep>>,
 }
 
@@ -100,6 +140,7 @@ impl Conn {
             io,
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             wbuf: Vec::with_capacity(1024),
+            spots: HeaderSpots::default(),
             sleep: Box::pin(tokio::time::sleep_until(deadline)),
         })
     }
@@ -159,8 +200,11 @@ pub async fn exchange(
     encode(&mut conn.wbuf);
     // Let the other ready requests of this scheduler tick run first, so their writes reach the
     // backend as one burst: a backend sharing the CPU then answers a batch per wake-up instead
-    // of preempting the gateway once per request.
-    tokio::task::yield_now().await;
+    // of preempting the gateway once per request. Alone, there is nothing to batch, and the
+    // yield would cost a trip through the scheduler (and an epoll_wait) on the latency path.
+    if crate::metrics::requests_in_flight() > 1 {
+        tokio::task::yield_now().await;
+    }
     let mut written = 0;
     match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_write_all(cx, &mut written))).await {
         None => return Err(UpstreamError::Timeout),
@@ -279,7 +323,7 @@ impl Conn {
     fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, UpstreamError>> {
         loop {
             if !self.rbuf.is_empty() {
-                match parse_head(&mut self.rbuf)? {
+                match parse_head(&mut self.rbuf, &mut self.spots)? {
                     Some(head) => return Poll::Ready(Ok(head)),
                     None if self.rbuf.len() > MAX_HEAD_BYTES => {
                         return Poll::Ready(Err(UpstreamError::Protocol(
@@ -304,15 +348,13 @@ impl Conn {
 
 /// Parses one answer head off the front of `buf`, skipping interim (1xx) answers. `None`: more
 /// bytes are needed.
-fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
+fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head>, UpstreamError> {
     loop {
-        // Header positions, recorded while `buf` is borrowed by the parser, so the values can
-        // then share the head's bytes instead of being copied.
-        let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut headers);
-        let base = buf.as_ptr() as usize;
-        let len = match resp.parse(buf) {
+        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default()
+            .parse_response_with_uninit_headers(&mut resp, buf, &mut slots)
+        {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(UpstreamError::Protocol(format!("bad answer head: {e}"))),
@@ -332,21 +374,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
         }
         let status = StatusCode::from_u16(code)
             .map_err(|_| UpstreamError::Protocol(format!("bad status {code}")))?;
-        let count = resp.headers.len();
-        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
-            let n = h.name.as_ptr() as usize - base;
-            let v = h.value.as_ptr() as usize - base;
-            *span = (n, n + h.name.len(), v, v + h.value.len());
-        }
+        spots.record(buf, resp.headers);
         let head = buf.split_to(len).freeze();
-        let mut map = HeaderMap::with_capacity(count);
-        for &(n0, n1, v0, v1) in &spans[..count] {
-            let name = HeaderName::from_bytes(&head[n0..n1])
-                .map_err(|e| UpstreamError::Protocol(format!("bad header name: {e}")))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
-                .map_err(|e| UpstreamError::Protocol(format!("bad header value: {e}")))?;
-            map.append(name, value);
-        }
+        let map = spots
+            .map(&head, answer_header)
+            .ok_or_else(|| UpstreamError::Protocol("bad header field in answer".into()))?;
         let (framing, framed_by_close) = framing(status, &map)?;
         let keep_alive = !framed_by_close
             && version == Version::HTTP_11
@@ -362,6 +394,23 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, UpstreamError> {
             keep_alive,
         }));
     }
+}
+
+/// The answer headers anyone reads: the framing (here), the media type and `Retry-After` (the
+/// relay), and a legacy session id (the bridge). The rest (`Date`, `Server`, …) would cost a
+/// map insert per request for nothing.
+fn answer_header(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
+    const KEPT: [HeaderName; 6] = [
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::RETRY_AFTER,
+        crate::protocol::header::names::SESSION_ID,
+    ];
+    Ok(KEPT
+        .into_iter()
+        .find(|k| raw.eq_ignore_ascii_case(k.as_str().as_bytes())))
 }
 
 /// How the answer body is delimited (RFC 9112 §6.3), and whether only a close ends it (or a
@@ -662,7 +711,7 @@ mod tests {
         let mut body = Vec::new();
         loop {
             if head.is_none() {
-                head = parse_head(&mut buf).map_err(|e| e.to_string())?;
+                head = parse_head(&mut buf, &mut HeaderSpots::default()).map_err(|e| e.to_string())?;
             }
             if let Some(h) = head.as_mut() {
                 loop {
@@ -721,12 +770,12 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n"[..],
         );
-        assert!(!parse_head(&mut buf).unwrap().unwrap().keep_alive);
+        assert!(!parse_head(&mut buf, &mut HeaderSpots::default()).unwrap().unwrap().keep_alive);
         let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
-        let h = parse_head(&mut buf).unwrap().unwrap();
+        let h = parse_head(&mut buf, &mut HeaderSpots::default()).unwrap().unwrap();
         assert!(matches!(h.framing, Framing::Close) && !h.keep_alive);
         let mut buf = BytesMut::from(&b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"[..]);
-        assert!(!parse_head(&mut buf).unwrap().unwrap().keep_alive);
+        assert!(!parse_head(&mut buf, &mut HeaderSpots::default()).unwrap().unwrap().keep_alive);
     }
 
     #[test]

@@ -279,7 +279,9 @@ impl HttpUpstream {
         for _ in 0..3 {
             let (mut conn, reused) = match self.checkout().await {
                 Some(c) => (c, true),
-                None => (self.connect().await?, false),
+                // Boxed: connecting (TLS, an h2 handshake) is a large future, and inline it
+                // would enlarge every request's state by several KB.
+                None => (Box::pin(self.connect()).await?, false),
             };
             let result = match &mut conn {
                 Sender::H1(s) => s.try_send_request(req).await,
