@@ -274,10 +274,7 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
         Ok(s) => s,
         Err(e) => return Ended::Failed(e.to_string()),
     };
-    let mut extra = vec![(
-        h::names::PROTOCOL_VERSION,
-        session.version.clone(),
-    )];
+    let mut extra = vec![(h::names::PROTOCOL_VERSION, session.version.clone())];
     if let Some(id) = &session.id {
         extra.push((h::names::SESSION_ID, id.clone()));
     }

@@ -221,8 +221,7 @@ async fn initialize(
     let sid = state.sessions.mint(&session);
     let mut resp = result(id, init);
     if let Ok(v) = HeaderValue::from_str(&sid) {
-        resp.headers_mut()
-            .insert(h::names::SESSION_ID, v);
+        resp.headers_mut().insert(h::names::SESSION_ID, v);
     }
     Ok(resp)
 }

@@ -11,13 +11,14 @@
 //!
 //! Every metric is documented in deploy/README.md ("Metrics"); keep that table in step.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::State;
 use crate::health::{Status, protocol_label};
@@ -32,6 +33,8 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 pub struct Metrics {
+    /// Unique per instance (see [`Handles`]).
+    id: u64,
     pub registry: Registry,
     requests: IntCounterVec,
     errors: IntCounterVec,
@@ -50,6 +53,47 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+/// Label sets remembered per thread; past this the memory is cleared and refilled.
+const HANDLE_CACHE: usize = 64;
+
+thread_local! {
+    /// The metric handles of recently seen label sets. `with_label_values` hashes every label
+    /// and takes the vec's lock; on the request path that was a measurable share of the work.
+    static HANDLES: std::cell::RefCell<Vec<Handles>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One label set's handles, for one `Metrics` (tests run several in a process).
+struct Handles {
+    metrics: u64,
+    route: Option<Arc<str>>,
+    backend: Option<Arc<str>>,
+    method: &'static str,
+    outcome: &'static str,
+    requests: IntCounter,
+    duration: Histogram,
+    upstream: Option<Histogram>,
+}
+
+impl Handles {
+    fn serves(&self, metrics: u64, ctx: &RequestCtx, method: &str, outcome: &str) -> bool {
+        fn same(a: &Option<Arc<str>>, b: &Option<Arc<str>>) -> bool {
+            match (a, b) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                (None, None) => true,
+                _ => false,
+            }
+        }
+        self.metrics == metrics
+            && self.method == method
+            && self.outcome == outcome
+            && same(&self.route, &ctx.route)
+            && same(&self.backend, &ctx.backend)
+    }
+}
+
+/// Tells `Metrics` instances apart in the per-thread handle cache.
+static METRICS_IDS: AtomicU64 = AtomicU64::new(0);
 
 /// Decrements the in-flight gauge when the request's handler returns (or is dropped).
 pub struct InFlight(IntGauge);
@@ -172,6 +216,7 @@ impl Metrics {
             registry.register(c).expect("metric registered once");
         }
         Metrics {
+            id: METRICS_IDS.fetch_add(1, Ordering::Relaxed),
             registry,
             requests,
             errors,
@@ -219,26 +264,51 @@ impl Metrics {
     /// The single exit of the request pipeline reports here.
     pub fn record(&self, ctx: &RequestCtx) {
         let endpoint = ctx.route.as_deref().unwrap_or("none");
-        let backend = ctx.backend.as_deref().unwrap_or("none");
         let method = ctx
             .method
             .as_deref()
             .map(crate::protocol::method_label)
             .unwrap_or("none");
-        self.requests
-            .with_label_values(&[endpoint, backend, method, outcome(ctx)])
-            .inc();
+        let outcome = outcome(ctx);
         if let Some(reason) = ctx.error {
             self.errors.with_label_values(&[endpoint, reason]).inc();
         }
-        self.duration
-            .with_label_values(&[endpoint, method])
-            .observe(ctx.elapsed().as_secs_f64());
-        if let (Some(b), Some(t)) = (ctx.backend.as_deref(), ctx.upstream) {
-            self.upstream
-                .with_label_values(&[b])
-                .observe(t.as_secs_f64());
-        }
+        HANDLES.with_borrow_mut(|cache| {
+            let i = match cache
+                .iter()
+                .position(|h| h.serves(self.id, ctx, method, outcome))
+            {
+                Some(i) => i,
+                None => {
+                    if cache.len() >= HANDLE_CACHE {
+                        cache.clear();
+                    }
+                    let backend = ctx.backend.as_deref().unwrap_or("none");
+                    cache.push(Handles {
+                        metrics: self.id,
+                        route: ctx.route.clone(),
+                        backend: ctx.backend.clone(),
+                        method,
+                        outcome,
+                        requests: self
+                            .requests
+                            .with_label_values(&[endpoint, backend, method, outcome]),
+                        duration: self.duration.with_label_values(&[endpoint, method]),
+                        upstream: ctx
+                            .backend
+                            .as_deref()
+                            .map(|b| self.upstream.with_label_values(&[b])),
+                    });
+                    cache.len() - 1
+                }
+            };
+            let h = &cache[i];
+            h.requests.inc();
+            h.duration.observe(ctx.elapsed().as_secs_f64());
+            if let (Some(up), Some(t)) = (&h.upstream, ctx.upstream) {
+                up.observe(t.as_secs_f64());
+            }
+        });
     }
 
     /// The Prometheus text exposition: every event metric, plus the state mirrors computed from

@@ -484,9 +484,19 @@ pub fn encode_header_value(value: &str) -> String {
 /// Whether an `Accept` header admits both JSON and SSE (an absent header admits anything).
 pub fn accept_ok(accept: Option<&[u8]>) -> bool {
     let Some(accept) = accept else { return true };
+    // What the SDKs send, verbatim: settled without splitting.
+    if accept == b"application/json, text/event-stream"
+        || accept == b"text/event-stream, application/json"
+    {
+        return true;
+    }
     let (mut json, mut sse) = (false, false);
     for range in accept.split(|b| *b == b',') {
-        let media = range.split(|b| *b == b';').next().unwrap_or(b"").trim_ascii();
+        let media = range
+            .split(|b| *b == b';')
+            .next()
+            .unwrap_or(b"")
+            .trim_ascii();
         let is = |m: &[u8]| media.eq_ignore_ascii_case(m);
         if is(b"*/*") {
             json = true;

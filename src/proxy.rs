@@ -211,7 +211,16 @@ where
             Box::pin(aggregate::serve(state, ctx, ep, &parts.headers, head, body)).await
         }
         (Era::Legacy, route) => {
-            Box::pin(legacy::serve(state, ctx, path, route, &parts.headers, head, body)).await
+            Box::pin(legacy::serve(
+                state,
+                ctx,
+                path,
+                route,
+                &parts.headers,
+                head,
+                body,
+            ))
+            .await
         }
     }
 }
@@ -247,7 +256,8 @@ async fn modern(
     // 4. header checks
     let mh = frontend::check_modern_head(&head)?;
     ctx.method = mh.method.clone();
-    let deadline = Instant::now() + backend.timeout;
+    // From the request's start: one clock read fewer, and the timeout counts portico's own time.
+    let deadline = Instant::from_std(ctx.start) + backend.timeout;
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Modern
         && let Upstream::Http(up) = &backend.upstream
@@ -700,14 +710,24 @@ pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
 /// needs.
 fn relay_response(parts: http::response::Parts, body: Body) -> Response<Body> {
     let sse = is_event_stream(&parts.headers);
+    let relayed = |k: &HeaderName| *k == header::CONTENT_TYPE || *k == header::RETRY_AFTER;
+    let mut headers = parts.headers;
+    // The framing is the server's to state. After that the map usually holds only what is
+    // relayed, and is kept rather than copied into a new one.
+    headers.remove(header::CONTENT_LENGTH);
+    if !headers.keys().all(relayed) {
+        let mut kept = http::HeaderMap::with_capacity(2);
+        for name in [header::CONTENT_TYPE, header::RETRY_AFTER] {
+            if let Some(v) = headers.get(&name) {
+                kept.insert(name, v.clone());
+            }
+        }
+        headers = kept;
+    }
     let mut resp = Response::new(body);
     *resp.status_mut() = parts.status;
+    *resp.headers_mut() = headers;
     let out = resp.headers_mut();
-    for name in [header::CONTENT_TYPE, header::RETRY_AFTER] {
-        if let Some(v) = parts.headers.get(&name) {
-            out.insert(name, v.clone());
-        }
-    }
     if sse {
         out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         out.insert(

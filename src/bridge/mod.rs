@@ -308,10 +308,7 @@ async fn send_raw(
     match &b.upstream {
         Upstream::Http(up) => {
             let mut extra = base_headers();
-            extra.push((
-                h::names::PROTOCOL_VERSION,
-                s.version.clone(),
-            ));
+            extra.push((h::names::PROTOCOL_VERSION, s.version.clone()));
             if let Some(sid) = &s.id {
                 extra.push((h::names::SESSION_ID, sid.clone()));
             }

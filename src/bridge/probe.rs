@@ -128,10 +128,7 @@ async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
     let class = match &b.upstream {
         Upstream::Http(up) => {
             let mut extra = base_headers();
-            extra.push((
-                h::names::PROTOCOL_VERSION,
-                hv(LATEST_VERSION),
-            ));
+            extra.push((h::names::PROTOCOL_VERSION, hv(LATEST_VERSION)));
             extra.push((h::names::METHOD, hv("server/discover")));
             let req = up.request(&HeaderMap::new(), &extra, probe_body());
             let reply = up

@@ -220,10 +220,7 @@ pub(super) async fn initialize(
     match &b.upstream {
         Upstream::Http(up) => {
             let mut extra = base_headers();
-            extra.push((
-                h::names::PROTOCOL_VERSION,
-                version.clone(),
-            ));
+            extra.push((h::names::PROTOCOL_VERSION, version.clone()));
             if let Some(sid) = &session_id {
                 extra.push((h::names::SESSION_ID, sid.clone()));
             }
@@ -270,10 +267,7 @@ pub async fn close(b: &Backend) {
             &HeaderMap::new(),
             &[
                 (h::names::SESSION_ID, sid.clone()),
-                (
-                    h::names::PROTOCOL_VERSION,
-                    s.version.clone(),
-                ),
+                (h::names::PROTOCOL_VERSION, s.version.clone()),
             ],
             Bytes::new(),
         );

@@ -121,8 +121,12 @@ pub async fn serve(
         timer: Box::pin(tokio::time::sleep(limits.header_timeout)),
         limits,
     };
+    // The drain, as one future for the connection's life: polled while idle, it registers its
+    // interest once instead of once per request. `draining` answers "has it begun?" in between.
+    let draining = stop.clone();
+    let mut stopped = pin!(stop.wait_for(|s| *s));
     loop {
-        let head = match c.read_head(stop).await {
+        let head = match c.read_head(stopped.as_mut()).await {
             Ok(head) => head,
             Err(Stop::Close) => return Outcome::Done,
             Err(Stop::Handoff) => return Outcome::Handoff(c.io, c.rbuf.freeze()),
@@ -157,7 +161,7 @@ pub async fn serve(
         let Some(resp) = c.run(fut).await else {
             return Outcome::Done;
         };
-        keep_alive &= !*stop.borrow();
+        keep_alive &= !*draining.borrow();
         if !c.write_response(resp, head_only, keep_alive).await || !keep_alive {
             return Outcome::Done;
         }
@@ -166,7 +170,7 @@ pub async fn serve(
 
 impl Conn {
     /// Reads and parses the next request head.
-    async fn read_head(&mut self, stop: &mut watch::Receiver<bool>) -> Result<Head, Stop> {
+    async fn read_head<S: Future>(&mut self, mut stop: Pin<&mut S>) -> Result<Head, Stop> {
         let mut deadline = None;
         loop {
             if !self.rbuf.is_empty() {
@@ -183,7 +187,7 @@ impl Conn {
             let deadline =
                 *deadline.get_or_insert_with(|| Instant::now() + self.limits.header_timeout);
             let idle = self.rbuf.is_empty();
-            match self.fill(deadline, idle.then_some(&mut *stop)).await {
+            match self.fill(deadline, idle.then_some(stop.as_mut())).await {
                 Ok(()) => {}
                 Err(Fill::Eof | Fill::Io | Fill::Stopped) => return Err(Stop::Close),
                 Err(Fill::TimedOut) if idle => return Err(Stop::Close),
@@ -199,8 +203,7 @@ impl Conn {
 
     /// Parses a complete head at the front of `rbuf`, if there is one.
     fn parse(&mut self) -> Result<Option<Head>, Stop> {
-        if self.rbuf.len() >= 3 && H2_PREFACE.starts_with(&self.rbuf[..self.rbuf.len().min(14)])
-        {
+        if self.rbuf.len() >= 3 && H2_PREFACE.starts_with(&self.rbuf[..self.rbuf.len().min(14)]) {
             return Err(Stop::Handoff);
         }
         let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
@@ -241,9 +244,8 @@ impl Conn {
                 "malformed HTTP request head",
             ));
         };
-        let method = Method::from_bytes(method.as_bytes()).map_err(|_| {
-            Stop::Refuse(StatusCode::BAD_REQUEST, "malformed HTTP request method")
-        })?;
+        let method = Method::from_bytes(method.as_bytes())
+            .map_err(|_| Stop::Refuse(StatusCode::BAD_REQUEST, "malformed HTTP request method"))?;
         let path = at(path.as_bytes());
         self.spots.record(&self.rbuf, req.headers);
         let mut content_length = None;
@@ -295,25 +297,27 @@ impl Conn {
         while self.rbuf.len() < len {
             self.rbuf.reserve(len - self.rbuf.len());
             let deadline = Instant::now() + self.limits.header_timeout;
-            self.fill(deadline, None).await?;
+            self.fill(deadline, None::<Pin<&mut std::future::Pending<()>>>)
+                .await?;
         }
         Ok(self.rbuf.split_to(len).freeze())
     }
 
     /// Reads more bytes into `rbuf`, waiting until `deadline`; while idle, the drain ends the wait.
-    async fn fill(
+    async fn fill<S: Future>(
         &mut self,
         deadline: Instant,
-        stop: Option<&mut watch::Receiver<bool>>,
+        stop: Option<Pin<&mut S>>,
     ) -> Result<(), Fill> {
         self.rbuf.reserve(READ_CHUNK);
         // Reset only matters once the read has to wait; a registered timer moved later is a
         // store, not a trip through the timer wheel.
         self.timer.as_mut().reset(deadline);
+        // Once it has fired the connection closes, so it is never polled after completion.
         let stopped = async {
             match stop {
-                Some(rx) => {
-                    let _ = rx.wait_for(|s| *s).await;
+                Some(s) => {
+                    s.await;
                 }
                 None => std::future::pending().await,
             }
@@ -489,11 +493,8 @@ impl Conn {
         wbuf.extend_from_slice(itoa_u64(body.len() as u64, &mut [0; 20]));
         wbuf.extend_from_slice(b"\r\n\r\n");
         wbuf.extend_from_slice(&body);
-        let _ = tokio::time::timeout(
-            self.limits.header_timeout,
-            self.io.write_all(&self.wbuf),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(self.limits.header_timeout, self.io.write_all(&self.wbuf)).await;
     }
 }
 
@@ -514,7 +515,12 @@ enum Step {
 /// name `http` does not know costs an allocation when parsed.
 fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
     use crate::protocol::header::names;
-    for known in [names::PROTOCOL_VERSION, names::METHOD, names::NAME, names::SESSION_ID] {
+    for known in [
+        names::PROTOCOL_VERSION,
+        names::METHOD,
+        names::NAME,
+        names::SESSION_ID,
+    ] {
         if raw.eq_ignore_ascii_case(known.as_str().as_bytes()) {
             return Ok(Some(known));
         }

@@ -711,7 +711,8 @@ mod tests {
         let mut body = Vec::new();
         loop {
             if head.is_none() {
-                head = parse_head(&mut buf, &mut HeaderSpots::default()).map_err(|e| e.to_string())?;
+                head =
+                    parse_head(&mut buf, &mut HeaderSpots::default()).map_err(|e| e.to_string())?;
             }
             if let Some(h) = head.as_mut() {
                 loop {
@@ -770,12 +771,24 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n"[..],
         );
-        assert!(!parse_head(&mut buf, &mut HeaderSpots::default()).unwrap().unwrap().keep_alive);
+        assert!(
+            !parse_head(&mut buf, &mut HeaderSpots::default())
+                .unwrap()
+                .unwrap()
+                .keep_alive
+        );
         let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
-        let h = parse_head(&mut buf, &mut HeaderSpots::default()).unwrap().unwrap();
+        let h = parse_head(&mut buf, &mut HeaderSpots::default())
+            .unwrap()
+            .unwrap();
         assert!(matches!(h.framing, Framing::Close) && !h.keep_alive);
         let mut buf = BytesMut::from(&b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"[..]);
-        assert!(!parse_head(&mut buf, &mut HeaderSpots::default()).unwrap().unwrap().keep_alive);
+        assert!(
+            !parse_head(&mut buf, &mut HeaderSpots::default())
+                .unwrap()
+                .unwrap()
+                .keep_alive
+        );
     }
 
     #[test]
