@@ -514,15 +514,22 @@ enum Step {
 /// A header name; the MCP names every request carries come from static strings, since a
 /// name `http` does not know costs an allocation when parsed.
 fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
-    use crate::protocol::header::names;
-    for known in [
-        names::PROTOCOL_VERSION,
-        names::METHOD,
-        names::NAME,
-        names::SESSION_ID,
-    ] {
-        if raw.eq_ignore_ascii_case(known.as_str().as_bytes()) {
-            return Ok(Some(known));
+    use crate::protocol::header::{self as h, names};
+    if raw.len() >= 8 && raw[..4].eq_ignore_ascii_case(b"mcp-") {
+        let is = |n: &str| raw.eq_ignore_ascii_case(n.as_bytes());
+        let known = if is(h::PROTOCOL_VERSION) {
+            Some(names::PROTOCOL_VERSION)
+        } else if is(h::METHOD) {
+            Some(names::METHOD)
+        } else if is(h::NAME) {
+            Some(names::NAME)
+        } else if is(h::SESSION_ID) {
+            Some(names::SESSION_ID)
+        } else {
+            None
+        };
+        if known.is_some() {
+            return Ok(known);
         }
     }
     HeaderName::from_bytes(raw).map(Some).map_err(|_| ())

@@ -400,17 +400,17 @@ fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head
 /// relay), and a legacy session id (the bridge). The rest (`Date`, `Server`, …) would cost a
 /// map insert per request for nothing.
 fn answer_header(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
-    const KEPT: [HeaderName; 6] = [
-        header::CONTENT_TYPE,
-        header::CONTENT_LENGTH,
-        header::TRANSFER_ENCODING,
-        header::CONNECTION,
-        header::RETRY_AFTER,
-        crate::protocol::header::names::SESSION_ID,
-    ];
-    Ok(KEPT
-        .into_iter()
-        .find(|k| raw.eq_ignore_ascii_case(k.as_str().as_bytes())))
+    let is = |n: &[u8]| raw.eq_ignore_ascii_case(n);
+    // By length first: most names are turned away without looking at a byte.
+    Ok(match raw.len() {
+        10 if is(b"connection") => Some(header::CONNECTION),
+        11 if is(b"retry-after") => Some(header::RETRY_AFTER),
+        12 if is(b"content-type") => Some(header::CONTENT_TYPE),
+        14 if is(b"content-length") => Some(header::CONTENT_LENGTH),
+        14 if is(b"mcp-session-id") => Some(crate::protocol::header::names::SESSION_ID),
+        17 if is(b"transfer-encoding") => Some(header::TRANSFER_ENCODING),
+        _ => None,
+    })
 }
 
 /// How the answer body is delimited (RFC 9112 §6.3), and whether only a close ends it (or a
