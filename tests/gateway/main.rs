@@ -14,6 +14,7 @@ mod observe;
 mod redis;
 mod reliability;
 mod security;
+mod server_h1;
 mod stdio;
 mod stdio_front;
 mod tls;
