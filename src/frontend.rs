@@ -43,20 +43,63 @@ pub struct Head {
 
 impl Head {
     pub fn read(headers: &HeaderMap) -> Head {
-        let text = |name: HeaderName| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
+        Head::from_seen(&Seen::scan(headers))
+    }
+
+    pub fn from_seen(seen: &Seen<'_>) -> Head {
+        let text = |v: Option<&HeaderValue>| {
+            v.and_then(|v| v.to_str().ok())
                 .map(|s| s.trim().to_string())
         };
         Head {
-            version: text(h::names::PROTOCOL_VERSION),
-            method: text(h::names::METHOD),
-            name: headers
-                .get(h::names::NAME)
+            version: text(seen.version),
+            method: text(seen.method),
+            name: seen
+                .name
                 .map(|v| decode_header_value(v.as_bytes()).ok_or(())),
-            session: text(h::names::SESSION_ID),
+            session: text(seen.session),
         }
+    }
+}
+
+/// The request headers the front end reads, found in one pass over the map: a lookup by name
+/// hashes the name and probes the table, and eight of them cost more than comparing each of a
+/// request's few headers once. The first value of a repeated header counts, as with `get`.
+#[derive(Default)]
+pub struct Seen<'a> {
+    pub content_type: Option<&'a HeaderValue>,
+    pub accept: Option<&'a HeaderValue>,
+    pub origin: Option<&'a HeaderValue>,
+    pub traceparent: Option<&'a HeaderValue>,
+    pub version: Option<&'a HeaderValue>,
+    pub method: Option<&'a HeaderValue>,
+    pub name: Option<&'a HeaderValue>,
+    pub session: Option<&'a HeaderValue>,
+}
+
+impl<'a> Seen<'a> {
+    pub fn scan(headers: &'a HeaderMap) -> Seen<'a> {
+        let mut seen = Seen::default();
+        for (name, value) in headers {
+            let slot = if name == header::CONTENT_TYPE {
+                &mut seen.content_type
+            } else if name == header::ACCEPT {
+                &mut seen.accept
+            } else if name == header::ORIGIN {
+                &mut seen.origin
+            } else {
+                match name.as_str() {
+                    h::PROTOCOL_VERSION => &mut seen.version,
+                    h::METHOD => &mut seen.method,
+                    h::NAME => &mut seen.name,
+                    h::SESSION_ID => &mut seen.session,
+                    "traceparent" => &mut seen.traceparent,
+                    _ => continue,
+                }
+            };
+            slot.get_or_insert(value);
+        }
+        seen
     }
 }
 
@@ -81,8 +124,8 @@ pub fn forwardable(name: &HeaderName) -> bool {
 /// The client's W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), when well-formed; anything
 /// else is neither logged nor trusted (it is still forwarded by the allowlist, as the spec says a
 /// receiver decides what to do with a malformed one).
-pub fn traceparent(headers: &HeaderMap) -> Option<HeaderValue> {
-    let v = headers.get(h::names::TRACEPARENT)?;
+pub fn traceparent(seen: &Seen<'_>) -> Option<HeaderValue> {
+    let v = seen.traceparent?;
     let b = v.as_bytes();
     let hex = |s: &[u8]| s.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
     let shaped = b.len() >= 55
@@ -101,8 +144,8 @@ pub fn traceparent(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 /// The DNS-rebinding defence, before anything else about the request is looked at.
-pub fn check_origin(headers: &HeaderMap, allowed_origins: &[String]) -> Result<(), GatewayError> {
-    match headers.get(header::ORIGIN) {
+pub fn check_origin(seen: &Seen<'_>, allowed_origins: &[String]) -> Result<(), GatewayError> {
+    match seen.origin {
         Some(origin) if !origin_allowed(origin.as_bytes(), allowed_origins) => {
             Err(GatewayError::OriginForbidden)
         }
@@ -111,11 +154,11 @@ pub fn check_origin(headers: &HeaderMap, allowed_origins: &[String]) -> Result<(
 }
 
 /// Content negotiation. Checked after the body is read so the error can echo the request id.
-pub fn check_content(headers: &HeaderMap) -> Result<(), GatewayError> {
-    if !content_type_is_json(headers.get(header::CONTENT_TYPE).map(|v| v.as_bytes())) {
+pub fn check_content(seen: &Seen<'_>) -> Result<(), GatewayError> {
+    if !content_type_is_json(seen.content_type.map(|v| v.as_bytes())) {
         return Err(GatewayError::UnsupportedMediaType);
     }
-    if !accept_ok(headers.get(header::ACCEPT).map(|v| v.as_bytes())) {
+    if !accept_ok(seen.accept.map(|v| v.as_bytes())) {
         return Err(GatewayError::NotAcceptable);
     }
     Ok(())
@@ -364,7 +407,7 @@ mod tests {
         let check = |v: &str| {
             let mut h = HeaderMap::new();
             h.insert("traceparent", HeaderValue::from_str(v).unwrap());
-            traceparent(&h).is_some()
+            traceparent(&Seen::scan(&h)).is_some()
         };
         assert!(check(
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -385,6 +428,6 @@ mod tests {
         ] {
             assert!(!check(bad), "{bad:?}");
         }
-        assert!(traceparent(&HeaderMap::new()).is_none());
+        assert!(traceparent(&Seen::scan(&HeaderMap::new())).is_none());
     }
 }

@@ -35,9 +35,10 @@ pub fn front_end(data: &[u8]) {
         };
         headers.append(name, value);
     }
-    let _ = frontend::check_origin(&headers, &[]);
-    let _ = frontend::check_content(&headers);
-    let head = Head::read(&headers);
+    let seen = frontend::Seen::scan(&headers);
+    let _ = frontend::check_origin(&seen, &[]);
+    let _ = frontend::check_content(&seen);
+    let head = Head::from_seen(&seen);
     if let Ok(frontend::Era::Modern) = frontend::era(&head, body)
         && let Ok(mh) = frontend::check_modern_head(&head)
         && let Ok(env) = protocol::parse_envelope(body)

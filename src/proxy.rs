@@ -156,7 +156,8 @@ where
     B::Error: Into<crate::body::BodyError>,
 {
     let (parts, body) = req.into_parts();
-    ctx.traceparent = frontend::traceparent(&parts.headers);
+    let seen = frontend::Seen::scan(&parts.headers);
+    ctx.traceparent = frontend::traceparent(&seen);
     let path = parts.uri.path();
     if path == ADMIN_PURGE_PATH {
         return admin_purge(state, &parts);
@@ -191,13 +192,13 @@ where
         Method::DELETE => return legacy::delete(state, ctx, path, &parts.headers),
         _ => return Err(GatewayError::MethodNotAllowed),
     }
-    frontend::check_origin(&parts.headers, &state.config.server.allowed_origins)?;
+    frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
     let body =
         frontend::read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
     ctx.body = body.clone();
-    frontend::check_content(&parts.headers)?;
+    frontend::check_content(&seen)?;
     // 3. era
-    let head = Head::read(&parts.headers);
+    let head = Head::from_seen(&seen);
     let era = frontend::era(&head, &body)?;
     ctx.era = Some(era);
     // Aggregation and the legacy era are boxed: their futures are several KB, and inline they
