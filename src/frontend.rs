@@ -253,21 +253,21 @@ pub fn era(head: &Head, body: &[u8]) -> Result<Era, GatewayError> {
     }
 }
 
-/// What a modern request's headers alone establish.
-pub struct ModernHead {
+/// What a modern request's headers alone establish (borrowed from the `Head`: no copies).
+pub struct ModernHead<'a> {
     /// `Mcp-Method`; `None` only for a notification without one.
-    pub method: Option<String>,
-    pub name: Option<String>,
+    pub method: Option<&'a str>,
+    pub name: Option<&'a str>,
     /// The version header is not one portico serves: answer `-32022` or `-32020` after a body read.
     pub unknown_version: bool,
 }
 
 /// Header rules of a modern request that need no body. A request whose headers are incomplete
 /// is only refused once the body shows it is a request (notifications have no header rules).
-pub fn check_modern_head(head: &Head) -> Result<ModernHead, GatewayError> {
+pub fn check_modern_head(head: &Head) -> Result<ModernHead<'_>, GatewayError> {
     let unknown_version = head.version.as_deref() != Some(LATEST_VERSION);
     let name = match &head.name {
-        Some(Ok(n)) => Some(n.clone()),
+        Some(Ok(n)) => Some(n.as_str()),
         Some(Err(())) => {
             return Err(GatewayError::HeaderMismatch(
                 "Mcp-Name is not a valid header value".into(),
@@ -284,7 +284,7 @@ pub fn check_modern_head(head: &Head) -> Result<ModernHead, GatewayError> {
         )));
     }
     Ok(ModernHead {
-        method: head.method.clone(),
+        method: head.method.as_deref(),
         name,
         unknown_version,
     })
@@ -301,7 +301,7 @@ pub fn envelope_error(e: EnvelopeError) -> GatewayError {
 
 /// The body check: every mirrored header must agree with the body, and the body must carry the
 /// `_meta` keys 2026-07-28 requires.
-pub fn verify_modern(head: &Head, mh: &ModernHead, env: &Envelope) -> Result<(), GatewayError> {
+pub fn verify_modern(head: &Head, mh: &ModernHead<'_>, env: &Envelope) -> Result<(), GatewayError> {
     match env.kind {
         Kind::Response => {
             return Err(GatewayError::InvalidRequest(
@@ -309,8 +309,8 @@ pub fn verify_modern(head: &Head, mh: &ModernHead, env: &Envelope) -> Result<(),
             ));
         }
         Kind::Notification => {
-            if let Some(m) = &mh.method
-                && *m != env.method
+            if let Some(m) = mh.method
+                && m != env.method
             {
                 return Err(GatewayError::HeaderMismatch(format!(
                     "Mcp-Method {m:?} does not match body method {:?}",
@@ -321,21 +321,21 @@ pub fn verify_modern(head: &Head, mh: &ModernHead, env: &Envelope) -> Result<(),
         }
         Kind::Request => {}
     }
-    let Some(m) = &mh.method else {
+    let Some(m) = mh.method else {
         return Err(GatewayError::HeaderMismatch(
             "missing Mcp-Method header".into(),
         ));
     };
-    if *m != env.method {
+    if m != env.method {
         return Err(GatewayError::HeaderMismatch(format!(
             "Mcp-Method {m:?} does not match body method {:?}",
             env.method
         )));
     }
-    if name_field(&env.method).is_some() && mh.name != env.name {
+    if name_field(&env.method).is_some() && mh.name != env.name.as_deref() {
         return Err(GatewayError::HeaderMismatch(format!(
             "Mcp-Name {:?} does not match the body ({:?})",
-            mh.name.as_deref().unwrap_or(""),
+            mh.name.unwrap_or(""),
             env.name.as_deref().unwrap_or("")
         )));
     }

@@ -256,7 +256,7 @@ async fn modern(
 ) -> Result<Response<Body>, GatewayError> {
     // 4. header checks
     let mh = frontend::check_modern_head(&head)?;
-    ctx.method = mh.method.clone();
+    ctx.method = mh.method.map(str::to_owned);
     // From the request's start: one clock read fewer, and the timeout counts portico's own time.
     let deadline = Instant::from_std(ctx.start) + backend.timeout;
     let verdict = bridge::ensure_verdict(backend).await?;
@@ -278,7 +278,7 @@ async fn modern(
             match up.forward(headers, team, &body, deadline).await {
                 Ok(ex) => break ex,
                 Err(e @ UpstreamError::Connect(_))
-                    if mh.method.as_deref().is_some_and(resilience::idempotent)
+                    if mh.method.is_some_and(resilience::idempotent)
                         && backend.resilience.take_retry(attempt) =>
                 {
                     tracing::debug!(backend = %backend.name, error = %e, "retrying");
@@ -364,12 +364,16 @@ async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
 /// - a cacheable method while the cache is on (the key comes from the body, and the body must
 ///   agree with the headers before an entry is served or stored);
 /// - a caller under a tool policy (checked against the parsed body, never the headers alone).
-fn can_pass_through(state: &State, ctx: &RequestCtx, backend: &Backend, mh: &ModernHead) -> bool {
+fn can_pass_through(
+    state: &State,
+    ctx: &RequestCtx,
+    backend: &Backend,
+    mh: &ModernHead<'_>,
+) -> bool {
     !mh.unknown_version
         && backend.cfg.verify_body == crate::config::VerifyBody::Auto
         && mh
             .method
-            .as_deref()
             .is_some_and(|m| !(state.cache.enabled() && protocol::is_cacheable_method(m)))
         && state.auth.policy(ctx.principal.as_deref()).is_none()
 }

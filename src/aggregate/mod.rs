@@ -238,7 +238,7 @@ pub async fn serve(
     body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
     let mh = frontend::check_modern_head(&head)?;
-    ctx.method = mh.method.clone();
+    ctx.method = mh.method.map(str::to_owned);
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
     ctx.id = env.id.clone();
     if ctx.method.is_none() {

@@ -174,7 +174,9 @@ impl Conn {
         let mut deadline = None;
         loop {
             if !self.rbuf.is_empty() {
-                if let Some(head) = self.parse()? {
+                if let Some(head) =
+                    parse_head(&mut self.rbuf, &mut self.spots, self.limits.max_head)?
+                {
                     return Ok(head);
                 }
                 if self.rbuf.len() > self.limits.max_head {
@@ -199,97 +201,6 @@ impl Conn {
                 }
             }
         }
-    }
-
-    /// Parses a complete head at the front of `rbuf`, if there is one.
-    fn parse(&mut self) -> Result<Option<Head>, Stop> {
-        if self.rbuf.len() >= 3 && H2_PREFACE.starts_with(&self.rbuf[..self.rbuf.len().min(14)]) {
-            return Err(Stop::Handoff);
-        }
-        let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut []);
-        let len = match req.parse_with_uninit_headers(&self.rbuf, &mut slots) {
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::Version) => return Err(Stop::Handoff),
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(Stop::Refuse(
-                    StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                    "too many header fields",
-                ));
-            }
-            Err(_) => {
-                return Err(Stop::Refuse(
-                    StatusCode::BAD_REQUEST,
-                    "malformed HTTP request head",
-                ));
-            }
-        };
-        if len > self.limits.max_head {
-            return Err(Stop::Refuse(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "request head too large",
-            ));
-        }
-        if req.version != Some(1) {
-            return Err(Stop::Handoff);
-        }
-        // Where the path lies in the buffer (the headers' places go to `spots`), so the head
-        // can be frozen once and the path and every value shared from it without copies.
-        let base = self.rbuf.as_ptr() as usize;
-        let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
-        let (Some(method), Some(path)) = (req.method, req.path) else {
-            return Err(Stop::Refuse(
-                StatusCode::BAD_REQUEST,
-                "malformed HTTP request head",
-            ));
-        };
-        let method = Method::from_bytes(method.as_bytes())
-            .map_err(|_| Stop::Refuse(StatusCode::BAD_REQUEST, "malformed HTTP request method"))?;
-        let path = at(path.as_bytes());
-        self.spots.record(&self.rbuf, req.headers);
-        let mut content_length = None;
-        let mut keep_alive = true;
-        for h in req.headers.iter() {
-            let name = h.name.as_bytes();
-            if name.eq_ignore_ascii_case(b"content-length") {
-                let n = parse_length(h.value).ok_or(Stop::Refuse(
-                    StatusCode::BAD_REQUEST,
-                    "invalid Content-Length",
-                ))?;
-                if content_length.is_some_and(|c| c != n) {
-                    return Err(Stop::Refuse(
-                        StatusCode::BAD_REQUEST,
-                        "conflicting Content-Length headers",
-                    ));
-                }
-                content_length = Some(n);
-            } else if name.eq_ignore_ascii_case(b"transfer-encoding")
-                || name.eq_ignore_ascii_case(b"expect")
-                || name.eq_ignore_ascii_case(b"upgrade")
-            {
-                return Err(Stop::Handoff);
-            } else if name.eq_ignore_ascii_case(b"connection") && has_token(h.value, b"close") {
-                keep_alive = false;
-            }
-        }
-        let raw = self.rbuf.split_to(len).freeze();
-        let headers = self.spots.map(&raw, header_name).ok_or(Stop::Refuse(
-            StatusCode::BAD_REQUEST,
-            "malformed header field",
-        ))?;
-        let uri = Uri::from_maybe_shared(raw.slice(path.0..path.0 + path.1))
-            .map_err(|_| Stop::Refuse(StatusCode::BAD_REQUEST, "malformed request target"))?;
-        let (mut parts, ()) = Request::new(()).into_parts();
-        parts.method = method;
-        parts.uri = uri;
-        parts.version = Version::HTTP_11;
-        parts.headers = headers;
-        Ok(Some(Head {
-            parts,
-            content_length: content_length.unwrap_or(0),
-            keep_alive,
-        }))
     }
 
     /// Reads a body of `len` bytes (at most `max_body`, checked by the caller).
@@ -498,6 +409,102 @@ impl Conn {
     }
 }
 
+/// Parses a complete head at the front of `rbuf`, if there is one, taking it off the buffer.
+/// (A free function, so the fuzz smoke test can drive it without a socket.)
+fn parse_head(
+    rbuf: &mut BytesMut,
+    spots: &mut HeaderSpots,
+    max_head: usize,
+) -> Result<Option<Head>, Stop> {
+    if rbuf.len() >= 3 && H2_PREFACE.starts_with(&rbuf[..rbuf.len().min(14)]) {
+        return Err(Stop::Handoff);
+    }
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(rbuf, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::Version) => return Err(Stop::Handoff),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(Stop::Refuse(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "too many header fields",
+            ));
+        }
+        Err(_) => {
+            return Err(Stop::Refuse(
+                StatusCode::BAD_REQUEST,
+                "malformed HTTP request head",
+            ));
+        }
+    };
+    if len > max_head {
+        return Err(Stop::Refuse(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request head too large",
+        ));
+    }
+    if req.version != Some(1) {
+        return Err(Stop::Handoff);
+    }
+    // Where the path lies in the buffer (the headers' places go to `spots`), so the head
+    // can be frozen once and the path and every value shared from it without copies.
+    let base = rbuf.as_ptr() as usize;
+    let at = |s: &[u8]| (s.as_ptr() as usize - base, s.len());
+    let (Some(method), Some(path)) = (req.method, req.path) else {
+        return Err(Stop::Refuse(
+            StatusCode::BAD_REQUEST,
+            "malformed HTTP request head",
+        ));
+    };
+    let method = Method::from_bytes(method.as_bytes())
+        .map_err(|_| Stop::Refuse(StatusCode::BAD_REQUEST, "malformed HTTP request method"))?;
+    let path = at(path.as_bytes());
+    spots.record(rbuf, req.headers);
+    let mut content_length = None;
+    let mut keep_alive = true;
+    for h in req.headers.iter() {
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let n = parse_length(h.value).ok_or(Stop::Refuse(
+                StatusCode::BAD_REQUEST,
+                "invalid Content-Length",
+            ))?;
+            if content_length.is_some_and(|c| c != n) {
+                return Err(Stop::Refuse(
+                    StatusCode::BAD_REQUEST,
+                    "conflicting Content-Length headers",
+                ));
+            }
+            content_length = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+            || name.eq_ignore_ascii_case(b"expect")
+            || name.eq_ignore_ascii_case(b"upgrade")
+        {
+            return Err(Stop::Handoff);
+        } else if name.eq_ignore_ascii_case(b"connection") && has_token(h.value, b"close") {
+            keep_alive = false;
+        }
+    }
+    let raw = rbuf.split_to(len).freeze();
+    let headers = spots.map(&raw, header_name).ok_or(Stop::Refuse(
+        StatusCode::BAD_REQUEST,
+        "malformed header field",
+    ))?;
+    let uri = Uri::from_maybe_shared(raw.slice(path.0..path.0 + path.1))
+        .map_err(|_| Stop::Refuse(StatusCode::BAD_REQUEST, "malformed request target"))?;
+    let (mut parts, ()) = Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = uri;
+    parts.version = Version::HTTP_11;
+    parts.headers = headers;
+    Ok(Some(Head {
+        parts,
+        content_length: content_length.unwrap_or(0),
+        keep_alive,
+    }))
+}
+
 enum Fill {
     Eof,
     Io,
@@ -687,6 +694,60 @@ mod tests {
         assert!(has_token(b"close", b"close"));
         assert!(has_token(b"keep-alive, Close", b"close"));
         assert!(!has_token(b"closed", b"close"));
+    }
+
+    /// A seeded fuzz smoke of the head parser: mutated and truncated requests never panic, and
+    /// a head that parses was taken off the buffer exactly (the rest stays for the body).
+    #[test]
+    fn the_head_parser_survives_mangled_input() {
+        const GOOD: &[u8] =
+            b"POST /mcp/demo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+            Mcp-Method: tools/call\r\nMcp-Name: echo\r\nContent-Length: 2\r\n\r\n{}";
+        const NOISE: &[u8] = b"\r\n: \t\x00\x7f\xffPRI *HTTP/2.0-,;=?%0123456789chunked";
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut spots = HeaderSpots::default();
+        let (mut complete, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let mut input = GOOD.to_vec();
+            for _ in 0..(next() % 6) {
+                let at = (next() as usize) % (input.len() + 1);
+                match next() % 4 {
+                    0 if at < input.len() => input[at] = NOISE[(next() as usize) % NOISE.len()],
+                    1 => input.insert(at, NOISE[(next() as usize) % NOISE.len()]),
+                    2 if at < input.len() => {
+                        input.remove(at);
+                    }
+                    _ => input.truncate(at),
+                }
+            }
+            let mut buf = BytesMut::from(&input[..]);
+            match parse_head(&mut buf, &mut spots, 1024) {
+                Ok(Some(head)) => {
+                    complete += 1;
+                    let rest = buf.len();
+                    assert!(rest <= input.len());
+                    assert_eq!(&buf[..], &input[input.len() - rest..]);
+                    assert!(head.parts.headers.len() <= MAX_HEADERS);
+                }
+                Ok(None) | Err(Stop::Handoff) | Err(Stop::Close) => {}
+                Err(Stop::Refuse(status, _)) => {
+                    refused += 1;
+                    assert!(status.is_client_error());
+                }
+            }
+        }
+        // The mutations must exercise both outcomes, or the test proves nothing.
+        assert!(
+            complete > 1_000 && refused > 100,
+            "{complete} complete, {refused} refused"
+        );
     }
 
     #[test]
