@@ -43,7 +43,6 @@ pub mod header {
         pub const METHOD: HeaderName = HeaderName::from_static(super::METHOD);
         pub const NAME: HeaderName = HeaderName::from_static(super::NAME);
         pub const SESSION_ID: HeaderName = HeaderName::from_static(super::SESSION_ID);
-        pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
     }
 }
 
