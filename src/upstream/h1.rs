@@ -80,6 +80,8 @@ impl HeaderSpots {
 }
 
 /// One pooled connection: the socket, what has been read but not consumed, and the deadline timer.
+/// Boxed for its whole life, so checkout, the answer body and release move a pointer, not the
+/// connection.
 pub struct Conn {
     io: TcpStream,
     rbuf: BytesMut,
@@ -90,7 +92,7 @@ pub struct Conn {
 
 /// Idle connections of one backend.
 pub struct Pool {
-    idle: ArrayQueue<Conn>,
+    idle: ArrayQueue<Box<Conn>>,
 }
 
 /// Why the answer failed, as a body error (the relay turns `TimedOut` into its timeout message).
@@ -113,7 +115,7 @@ impl Pool {
 
     /// A live idle connection, if any. A connection the backend closed (or wrote to unasked)
     /// while idle is dropped here, before a request is written to it.
-    fn checkout(&self) -> Option<Conn> {
+    fn checkout(&self) -> Option<Box<Conn>> {
         while let Some(mut c) = self.idle.pop() {
             if c.rbuf.is_empty() && c.is_alive() {
                 return Some(c);
@@ -122,27 +124,27 @@ impl Pool {
         None
     }
 
-    fn release(&self, conn: Conn) {
+    fn release(&self, conn: Box<Conn>) {
         // A full queue drops the connection: we keep at most max_idle_connections.
         let _ = self.idle.push(conn);
     }
 }
 
 impl Conn {
-    async fn connect(addr: &str, deadline: Instant) -> Result<Conn, UpstreamError> {
+    async fn connect(addr: &str, deadline: Instant) -> Result<Box<Conn>, UpstreamError> {
         let io = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
             Ok(Ok(io)) => io,
             Ok(Err(e)) => return Err(UpstreamError::Connect(e.to_string())),
             Err(_) => return Err(UpstreamError::Timeout),
         };
         let _ = io.set_nodelay(true);
-        Ok(Conn {
+        Ok(Box::new(Conn {
             io,
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             wbuf: Vec::with_capacity(1024),
             spots: HeaderSpots::default(),
             sleep: Box::pin(tokio::time::sleep_until(deadline)),
-        })
+        }))
     }
 
     /// Whether the backend has neither closed this idle connection nor sent anything on it.
@@ -374,18 +376,15 @@ fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head
         }
         let status = StatusCode::from_u16(code)
             .map_err(|_| UpstreamError::Protocol(format!("bad status {code}")))?;
+        // The framing is read from the parsed head itself; the map keeps only what the relay
+        // and the bridge read, so a usual answer costs one map insert.
+        let (framing, framed_by_close, close) = framing(status, resp.headers)?;
+        let keep_alive = !framed_by_close && !close && version == Version::HTTP_11;
         spots.record(buf, resp.headers);
         let head = buf.split_to(len).freeze();
         let map = spots
             .map(&head, answer_header)
             .ok_or_else(|| UpstreamError::Protocol("bad header field in answer".into()))?;
-        let (framing, framed_by_close) = framing(status, &map)?;
-        let keep_alive = !framed_by_close
-            && version == Version::HTTP_11
-            && !map
-                .get_all(header::CONNECTION)
-                .iter()
-                .any(|v| has_token(v.as_bytes(), b"close"));
         return Ok(Some(Head {
             status,
             version,
@@ -396,61 +395,81 @@ fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head
     }
 }
 
-/// The answer headers anyone reads: the framing (here), the media type and `Retry-After` (the
+/// The answer headers anyone reads past the framing: the media type and `Retry-After` (the
 /// relay), and a legacy session id (the bridge). The rest (`Date`, `Server`, …) would cost a
 /// map insert per request for nothing.
 fn answer_header(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
     let is = |n: &[u8]| raw.eq_ignore_ascii_case(n);
     // By length first: most names are turned away without looking at a byte.
     Ok(match raw.len() {
-        10 if is(b"connection") => Some(header::CONNECTION),
         11 if is(b"retry-after") => Some(header::RETRY_AFTER),
         12 if is(b"content-type") => Some(header::CONTENT_TYPE),
-        14 if is(b"content-length") => Some(header::CONTENT_LENGTH),
         14 if is(b"mcp-session-id") => Some(crate::protocol::header::names::SESSION_ID),
-        17 if is(b"transfer-encoding") => Some(header::TRANSFER_ENCODING),
         _ => None,
     })
 }
 
-/// How the answer body is delimited (RFC 9112 §6.3), and whether only a close ends it (or a
-/// transfer coding and a length disagree), which rules out reusing the connection.
-fn framing(status: StatusCode, h: &HeaderMap) -> Result<(Framing, bool), UpstreamError> {
-    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok((Framing::Length(0), false));
+/// How the answer body is delimited (RFC 9112 §6.3); whether only a close ends it (or a
+/// transfer coding and a length disagree), which rules out reusing the connection; and whether
+/// the backend said `Connection: close`.
+fn framing(
+    status: StatusCode,
+    headers: &[httparse::Header<'_>],
+) -> Result<(Framing, bool, bool), UpstreamError> {
+    let (mut te_last, mut has_te, mut has_length, mut close) = (None, false, false, false);
+    let mut length: Option<u64> = None;
+    // A bad length only matters when the length is what frames the body.
+    let mut bad_length: Option<&'static str> = None;
+    for h in headers {
+        let name = h.name.as_bytes();
+        match name.len() {
+            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+                has_te = true;
+                te_last = Some(h.value);
+            }
+            14 if name.eq_ignore_ascii_case(b"content-length") => {
+                has_length = true;
+                for part in h.value.split(|&b| b == b',') {
+                    let n = std::str::from_utf8(part.trim_ascii())
+                        .ok()
+                        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                        .and_then(|s| s.parse::<u64>().ok());
+                    match (n, length) {
+                        (None, _) => bad_length = bad_length.or(Some("bad content-length")),
+                        (Some(n), Some(l)) if l != n => {
+                            bad_length = bad_length.or(Some("conflicting content-length"));
+                        }
+                        (Some(n), _) => length = Some(n),
+                    }
+                }
+            }
+            10 if name.eq_ignore_ascii_case(b"connection") => {
+                close |= has_token(h.value, b"close");
+            }
+            _ => {}
+        }
     }
-    let mut te = h.get_all(header::TRANSFER_ENCODING).iter().peekable();
-    if te.peek().is_some() {
-        let chunked_last = te.last().is_some_and(|v| {
-            v.as_bytes()
-                .rsplit(|&b| b == b',')
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok((Framing::Length(0), false, close));
+    }
+    if has_te {
+        let chunked_last = te_last.is_some_and(|v| {
+            v.rsplit(|&b| b == b',')
                 .next()
                 .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
         });
-        let both = h.contains_key(header::CONTENT_LENGTH);
         return Ok(if chunked_last {
-            (Framing::Chunked(Chunk::Size), both)
+            (Framing::Chunked(Chunk::Size), has_length, close)
         } else {
-            (Framing::Close, true)
+            (Framing::Close, true, close)
         });
     }
-    let mut length: Option<u64> = None;
-    for v in h.get_all(header::CONTENT_LENGTH) {
-        for part in v.as_bytes().split(|&b| b == b',') {
-            let n = std::str::from_utf8(part.trim_ascii())
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| UpstreamError::Protocol("bad content-length".into()))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(UpstreamError::Protocol("conflicting content-length".into()));
-            }
-            length = Some(n);
-        }
+    if let Some(why) = bad_length {
+        return Err(UpstreamError::Protocol(why.into()));
     }
     Ok(match length {
-        Some(n) => (Framing::Length(n), false),
-        None => (Framing::Close, true),
+        Some(n) => (Framing::Length(n), false, close),
+        None => (Framing::Close, true, close),
     })
 }
 
@@ -613,7 +632,7 @@ fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
 /// The body of an answer read by the lean client, relayed frame by frame as it arrives.
 pub struct H1Body {
     /// `None` once the body is over and the connection is gone (back to the pool or dropped).
-    conn: Option<Conn>,
+    conn: Option<Box<Conn>>,
     framing: Framing,
     /// Whether the connection may serve another request once this answer has ended.
     keep_alive: bool,
@@ -643,7 +662,7 @@ impl H1Body {
     }
 
     /// The connection, if the body ended cleanly and it can serve another request.
-    pub fn take_reusable(&mut self) -> Option<Conn> {
+    pub fn take_reusable(&mut self) -> Option<Box<Conn>> {
         if !matches!(self.framing, Framing::Done) || !self.keep_alive {
             return None;
         }
@@ -789,6 +808,38 @@ mod tests {
                 .unwrap()
                 .keep_alive
         );
+    }
+
+    #[test]
+    fn framing_is_read_from_the_head_and_kept_out_of_the_map() {
+        let head = |wire: &[u8]| {
+            let mut buf = BytesMut::from(wire);
+            parse_head(&mut buf, &mut HeaderSpots::default())
+        };
+        // Both a coding and a length: chunked wins, and the connection is not reused.
+        let h = head(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\ntransfer-encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(h.framing, Framing::Chunked(_)) && !h.keep_alive);
+        // A coding that does not end in chunked: read to close.
+        let h = head(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(h.framing, Framing::Close) && !h.keep_alive);
+        // 204 has no body whatever its headers say.
+        let h = head(b"HTTP/1.1 204 No Content\r\ncontent-length: junk\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(h.framing, Framing::Length(0)) && h.keep_alive);
+        // Only what the relay and bridge read reaches the map.
+        let h = head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: x\r\nContent-Type: a/b\r\nMcp-Session-Id: s\r\nConnection: keep-alive\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(matches!(h.framing, Framing::Length(2)) && h.keep_alive);
+        let names: Vec<_> = h.headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type", "mcp-session-id"]);
     }
 
     #[test]
