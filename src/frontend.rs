@@ -15,6 +15,7 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 use http_body_util::{BodyExt, Limited};
+use std::borrow::Cow;
 
 use crate::error::GatewayError;
 use crate::protocol::{
@@ -31,26 +32,23 @@ pub enum Era {
     Legacy,
 }
 
-/// The MCP headers of a POST, read before the body.
+/// The MCP headers of a POST, read before the body; borrowed from the request's header map.
 #[derive(Debug, Default)]
-pub struct Head {
-    pub version: Option<String>,
-    pub method: Option<String>,
+pub struct Head<'a> {
+    pub version: Option<&'a str>,
+    pub method: Option<&'a str>,
     /// `Mcp-Name` decoded; `Err(())` when present but not validly encoded.
-    pub name: Option<Result<String, ()>>,
-    pub session: Option<String>,
+    pub name: Option<Result<Cow<'a, str>, ()>>,
+    pub session: Option<&'a str>,
 }
 
-impl Head {
-    pub fn read(headers: &HeaderMap) -> Head {
+impl<'a> Head<'a> {
+    pub fn read(headers: &'a HeaderMap) -> Head<'a> {
         Head::from_seen(&Seen::scan(headers))
     }
 
-    pub fn from_seen(seen: &Seen<'_>) -> Head {
-        let text = |v: Option<&HeaderValue>| {
-            v.and_then(|v| v.to_str().ok())
-                .map(|s| s.trim().to_string())
-        };
+    pub fn from_seen(seen: &Seen<'a>) -> Head<'a> {
+        let text = |v: Option<&'a HeaderValue>| v.and_then(|v| v.to_str().ok()).map(str::trim);
         Head {
             version: text(seen.version),
             method: text(seen.method),
@@ -235,7 +233,7 @@ pub fn era(head: &Head, body: &[u8]) -> Result<Era, GatewayError> {
     if head.session.is_some() {
         return Ok(Era::Legacy);
     }
-    match head.version.as_deref() {
+    match head.version {
         Some(LATEST_VERSION) => Ok(Era::Modern),
         Some(v) if is_legacy_version(v) => Ok(Era::Legacy),
         Some(_) => Ok(Era::Modern),
@@ -264,10 +262,10 @@ pub struct ModernHead<'a> {
 
 /// Header rules of a modern request that need no body. A request whose headers are incomplete
 /// is only refused once the body shows it is a request (notifications have no header rules).
-pub fn check_modern_head(head: &Head) -> Result<ModernHead<'_>, GatewayError> {
-    let unknown_version = head.version.as_deref() != Some(LATEST_VERSION);
+pub fn check_modern_head<'a>(head: &'a Head<'_>) -> Result<ModernHead<'a>, GatewayError> {
+    let unknown_version = head.version != Some(LATEST_VERSION);
     let name = match &head.name {
-        Some(Ok(n)) => Some(n.as_str()),
+        Some(Ok(n)) => Some(n.as_ref()),
         Some(Err(())) => {
             return Err(GatewayError::HeaderMismatch(
                 "Mcp-Name is not a valid header value".into(),
@@ -284,7 +282,7 @@ pub fn check_modern_head(head: &Head) -> Result<ModernHead<'_>, GatewayError> {
         )));
     }
     Ok(ModernHead {
-        method: head.method.as_deref(),
+        method: head.method,
         name,
         unknown_version,
     })
@@ -349,10 +347,10 @@ pub fn verify_modern(head: &Head, mh: &ModernHead<'_>, env: &Envelope) -> Result
             "params._meta must carry io.modelcontextprotocol/clientCapabilities".into(),
         ));
     }
-    if head.version.as_deref() != Some(v.as_str()) {
+    if head.version != Some(v.as_str()) {
         return Err(GatewayError::HeaderMismatch(format!(
             "MCP-Protocol-Version {:?} does not match _meta protocolVersion {v:?}",
-            head.version.as_deref().unwrap_or("")
+            head.version.unwrap_or("")
         )));
     }
     if mh.unknown_version {

@@ -35,7 +35,7 @@ pub async fn serve(
     path: &str,
     route: &Route,
     headers: &HeaderMap,
-    head: Head,
+    head: Head<'_>,
     body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
@@ -123,7 +123,7 @@ pub fn delete(
     };
     state
         .sessions
-        .open(&sid, path, principal_id(ctx))
+        .open(sid, path, principal_id(ctx))
         .ok_or(GatewayError::SessionNotFound)?;
     let mut resp = Response::new(Body::Empty);
     *resp.status_mut() = StatusCode::OK;

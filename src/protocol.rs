@@ -439,7 +439,7 @@ pub fn sniff_id(body: &[u8]) -> Option<RequestId> {
 
 /// Decodes an `Mcp-Name` / `Mcp-Param-*` header value: plain visible ASCII, or the
 /// `=?base64?…?=` form for anything else (digest §4). `None` when the value is invalid.
-pub fn decode_header_value(raw: &[u8]) -> Option<String> {
+pub fn decode_header_value(raw: &[u8]) -> Option<Cow<'_, str>> {
     use base64::Engine;
     if let Some(inner) = raw
         .strip_prefix(b"=?base64?")
@@ -448,7 +448,7 @@ pub fn decode_header_value(raw: &[u8]) -> Option<String> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(inner)
             .ok()?;
-        return String::from_utf8(bytes).ok();
+        return String::from_utf8(bytes).ok().map(Cow::Owned);
     }
     let valid = !raw.is_empty()
         && raw.iter().all(|b| (0x20..0x7f).contains(b))
@@ -457,7 +457,8 @@ pub fn decode_header_value(raw: &[u8]) -> Option<String> {
     if !valid {
         return None;
     }
-    String::from_utf8(raw.to_vec()).ok()
+    // The plain form (the usual one) is borrowed, not copied.
+    std::str::from_utf8(raw).ok().map(Cow::Borrowed)
 }
 
 /// Encodes a value for an `Mcp-Name` header, using the base64 form when plain ASCII won't do.

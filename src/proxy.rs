@@ -251,7 +251,7 @@ async fn modern(
     ctx: &mut RequestCtx,
     backend: &Arc<Backend>,
     headers: &http::HeaderMap,
-    head: Head,
+    head: Head<'_>,
     body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
     // 4. header checks

@@ -234,7 +234,7 @@ pub async fn serve(
     ctx: &mut RequestCtx,
     ep: &Arc<Endpoint>,
     headers: &HeaderMap,
-    head: Head,
+    head: Head<'_>,
     body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
     let mh = frontend::check_modern_head(&head)?;

@@ -41,7 +41,7 @@ use super::PeerAddr;
 use crate::State;
 use crate::body::Body;
 use crate::protocol::{code, error_body};
-use crate::upstream::h1::HeaderSpots;
+use crate::upstream::h1::{HeaderSpots, name_is};
 
 /// Header fields per request head (parsed on the stack); more is refused with 431.
 const MAX_HEADERS: usize = 100;
@@ -465,7 +465,7 @@ fn parse_head(
     let mut keep_alive = true;
     for h in req.headers.iter() {
         let name = h.name.as_bytes();
-        if name.eq_ignore_ascii_case(b"content-length") {
+        if name_is(name, b"content-length") {
             let n = parse_length(h.value).ok_or(Stop::Refuse(
                 StatusCode::BAD_REQUEST,
                 "invalid Content-Length",
@@ -477,12 +477,12 @@ fn parse_head(
                 ));
             }
             content_length = Some(n);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
-            || name.eq_ignore_ascii_case(b"expect")
-            || name.eq_ignore_ascii_case(b"upgrade")
+        } else if name_is(name, b"transfer-encoding")
+            || name_is(name, b"expect")
+            || name_is(name, b"upgrade")
         {
             return Err(Stop::Handoff);
-        } else if name.eq_ignore_ascii_case(b"connection") && has_token(h.value, b"close") {
+        } else if name_is(name, b"connection") && has_token(h.value, b"close") {
             keep_alive = false;
         }
     }
@@ -522,8 +522,8 @@ enum Step {
 /// name `http` does not know costs an allocation when parsed.
 fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
     use crate::protocol::header::{self as h, names};
-    if raw.len() >= 8 && raw[..4].eq_ignore_ascii_case(b"mcp-") {
-        let is = |n: &str| raw.eq_ignore_ascii_case(n.as_bytes());
+    if raw.len() >= 8 && name_is(&raw[..4], b"mcp-") {
+        let is = |n: &str| name_is(raw, n.as_bytes());
         let known = if is(h::PROTOCOL_VERSION) {
             Some(names::PROTOCOL_VERSION)
         } else if is(h::METHOD) {
@@ -541,7 +541,7 @@ fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
     }
     // The names every client sends, found by length first: cheaper than the general parser,
     // which lowercases into a scratch buffer before it looks a name up.
-    let is = |n: &[u8]| raw.eq_ignore_ascii_case(n);
+    let is = |n: &[u8]| name_is(raw, n);
     let known = match raw.len() {
         4 if is(b"host") => Some(header::HOST),
         6 if is(b"accept") => Some(header::ACCEPT),

@@ -79,6 +79,33 @@ impl HeaderSpots {
     }
 }
 
+/// Whether header name `raw` is `lower`, ignoring case, eight bytes at a time. `raw` must be a
+/// name the parser accepted (an HTTP token) and `lower` spelled in `[a-z0-9-]`: over those
+/// alphabets setting bit 0x20 maps each byte of `raw` onto `lower`'s exactly when they match
+/// case-insensitively (the only other bytes it would map there, controls such as CR, are not
+/// token characters).
+#[inline]
+pub fn name_is(raw: &[u8], lower: &[u8]) -> bool {
+    debug_assert!(
+        lower
+            .iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    );
+    if raw.len() != lower.len() {
+        return false;
+    }
+    fn word(s: &[u8]) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(s);
+        u64::from_ne_bytes(w)
+    }
+    let (a, b) = (raw.chunks_exact(8), lower.chunks_exact(8));
+    let (ra, rb) = (a.remainder(), b.remainder());
+    a.zip(b)
+        .all(|(x, y)| word(x) | 0x2020_2020_2020_2020 == word(y))
+        && ra.iter().zip(rb).all(|(x, y)| x | 0x20 == *y)
+}
+
 /// One pooled connection: the socket, what has been read but not consumed, and the deadline timer.
 /// Boxed for its whole life, so checkout, the answer body and release move a pointer, not the
 /// connection.
@@ -399,7 +426,7 @@ fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head
 /// relay), and a legacy session id (the bridge). The rest (`Date`, `Server`, …) would cost a
 /// map insert per request for nothing.
 fn answer_header(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
-    let is = |n: &[u8]| raw.eq_ignore_ascii_case(n);
+    let is = |n: &[u8]| name_is(raw, n);
     // By length first: most names are turned away without looking at a byte.
     Ok(match raw.len() {
         11 if is(b"retry-after") => Some(header::RETRY_AFTER),
@@ -423,11 +450,11 @@ fn framing(
     for h in headers {
         let name = h.name.as_bytes();
         match name.len() {
-            17 if name.eq_ignore_ascii_case(b"transfer-encoding") => {
+            17 if name_is(name, b"transfer-encoding") => {
                 has_te = true;
                 te_last = Some(h.value);
             }
-            14 if name.eq_ignore_ascii_case(b"content-length") => {
+            14 if name_is(name, b"content-length") => {
                 has_length = true;
                 for part in h.value.split(|&b| b == b',') {
                     let n = std::str::from_utf8(part.trim_ascii())
@@ -443,7 +470,7 @@ fn framing(
                     }
                 }
             }
-            10 if name.eq_ignore_ascii_case(b"connection") => {
+            10 if name_is(name, b"connection") => {
                 close |= has_token(h.value, b"close");
             }
             _ => {}
@@ -840,6 +867,30 @@ mod tests {
         assert!(matches!(h.framing, Framing::Length(2)) && h.keep_alive);
         let names: Vec<_> = h.headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["content-type", "mcp-session-id"]);
+    }
+
+    #[test]
+    fn name_is_matches_tokens_ignoring_case_only() {
+        for (raw, lower, want) in [
+            (&b"Content-Length"[..], &b"content-length"[..], true),
+            (b"CONTENT-LENGTH", b"content-length", true),
+            (b"content-lengtH", b"content-length", true),
+            (b"content-lengths", b"content-length", false),
+            (b"content_length", b"content-length", false),
+            (b"Mcp-Protocol-Version", b"mcp-protocol-version", true),
+            (b"Mcp-Protocol-Versiom", b"mcp-protocol-version", false),
+            (b"Xcp-Protocol-Version", b"mcp-protocol-version", false),
+            (b"HOST", b"host", true),
+            (b"hosT", b"hose", false),
+            (b"", b"", true),
+        ] {
+            assert_eq!(
+                name_is(raw, lower),
+                want,
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
     }
 
     #[test]

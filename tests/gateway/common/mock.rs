@@ -426,8 +426,11 @@ async fn modern(
         _ => None,
     };
     if let Some(f) = name_field {
-        let want = body["params"][f].as_str().map(String::from);
-        let got = h("mcp-name").and_then(|v| portico::protocol::decode_header_value(v.as_bytes()));
+        let want = body["params"][f].as_str();
+        let got = h("mcp-name").and_then(|v| {
+            portico::protocol::decode_header_value(v.as_bytes()).map(|c| c.into_owned())
+        });
+        let got = got.as_deref();
         if want != got {
             return json_resp(
                 StatusCode::BAD_REQUEST,
