@@ -117,6 +117,8 @@ pub struct Conn {
     wbuf: Vec<u8>,
     spots: HeaderSpots,
     sleep: Pin<Box<Sleep>>,
+    /// Landing space of `read_now`, allocated on first use.
+    scratch: Vec<u8>,
 }
 
 /// Idle connections of one backend.
@@ -173,6 +175,7 @@ impl Conn {
             wbuf: Vec::with_capacity(1024),
             spots: HeaderSpots::default(),
             sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            scratch: Vec::new(),
         }))
     }
 
@@ -194,9 +197,12 @@ impl Conn {
     /// is left to the ordinary read that follows.
     fn read_now(&mut self) {
         use std::io::Read;
-        let mut buf = [0u8; SPECULATIVE_READ];
-        if let Ok(n @ 1..) = (&*socket2::SockRef::from(&self.io)).read(&mut buf) {
-            self.rbuf.extend_from_slice(&buf[..n]);
+        // Safe reads need initialised memory: zeroed once per connection, not per request.
+        if self.scratch.is_empty() {
+            self.scratch = vec![0; SPECULATIVE_READ];
+        }
+        if let Ok(n @ 1..) = (&*socket2::SockRef::from(&self.io)).read(&mut self.scratch) {
+            self.rbuf.extend_from_slice(&self.scratch[..n]);
         }
     }
 
