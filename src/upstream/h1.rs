@@ -897,6 +897,86 @@ mod tests {
         assert_eq!(names, ["content-type", "mcp-session-id"]);
     }
 
+    /// A backend thread on blocking sockets (so it answers while the test's task is running):
+    /// reads one request head and answers it with `pieces`, pausing 20 ms after each.
+    fn thread_backend(pieces: Vec<Vec<u8>>) -> (String, std::thread::JoinHandle<()>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0);
+                req.extend_from_slice(&buf[..n]);
+            }
+            for p in pieces {
+                s.write_all(&p).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        (addr, t)
+    }
+
+    /// `read_now` takes bytes the backend already sent without waiting for the reactor, and
+    /// returns at once (without blocking or failing) when there is nothing.
+    #[tokio::test]
+    async fn read_now_takes_what_is_already_there() {
+        let wire = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello".to_vec();
+        let (addr, backend) = thread_backend(vec![wire.clone()]);
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let mut conn = Conn::connect(&addr, deadline).await.unwrap();
+        conn.read_now();
+        assert!(conn.rbuf.is_empty(), "nothing was sent yet");
+        conn.wbuf = b"GET / HTTP/1.1\r\n\r\n".to_vec();
+        let mut written = 0;
+        poll_fn(|cx| conn.poll_write_all(cx, &mut written))
+            .await
+            .unwrap();
+        for _ in 0..500 {
+            conn.read_now();
+            if conn.rbuf.len() == wire.len() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(&conn.rbuf[..], &wire[..]);
+        backend.join().unwrap();
+    }
+
+    /// A whole exchange where the speculative read may catch only part of the answer: a head
+    /// split across writes and a body larger than the speculative read. The answer arrives
+    /// whole and in order.
+    #[tokio::test]
+    async fn an_answer_split_across_the_speculative_read_arrives_whole() {
+        let body: Vec<u8> = (0..10_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: a/b\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        let (first, rest) = head.as_bytes().split_at(20);
+        let mut tail = rest.to_vec();
+        tail.extend_from_slice(&body);
+        let (addr, backend) = thread_backend(vec![first.to_vec(), tail]);
+        let pool = Pool::new(4);
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let resp = exchange(&pool, &addr, deadline, |out| {
+            out.extend_from_slice(b"POST /mcp HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+        })
+        .await
+        .unwrap();
+        assert_eq!(resp.headers()["content-type"], "a/b");
+        let mut b = resp.into_body();
+        let mut got = Vec::new();
+        while let Some(frame) = poll_fn(|cx| b.poll_frame(cx)).await {
+            got.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(got, body);
+        backend.join().unwrap();
+    }
+
     #[test]
     fn name_is_matches_tokens_ignoring_case_only() {
         for (raw, lower, want) in [
