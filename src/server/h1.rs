@@ -41,7 +41,7 @@ use super::PeerAddr;
 use crate::State;
 use crate::body::Body;
 use crate::protocol::{code, error_body};
-use crate::upstream::h1::{HeaderSpots, name_is};
+use crate::upstream::h1::{HeaderSpots, has_token, name_is, parse_length, push_decimal};
 
 /// Header fields per request head (parsed on the stack); more is refused with 431.
 const MAX_HEADERS: usize = 100;
@@ -316,7 +316,7 @@ impl Conn {
                 Some(n) => {
                     framing = Framing::Length;
                     wbuf.extend_from_slice(b"content-length: ");
-                    wbuf.extend_from_slice(itoa_u64(n, &mut [0; 20]));
+                    push_decimal(wbuf, n);
                     wbuf.extend_from_slice(b"\r\n");
                 }
                 None => wbuf.extend_from_slice(b"transfer-encoding: chunked\r\n"),
@@ -401,7 +401,7 @@ impl Conn {
         wbuf.extend_from_slice(b"content-type: application/json\r\nconnection: close\r\n");
         date_header(wbuf);
         wbuf.extend_from_slice(b"content-length: ");
-        wbuf.extend_from_slice(itoa_u64(body.len() as u64, &mut [0; 20]));
+        push_decimal(wbuf, body.len() as u64);
         wbuf.extend_from_slice(b"\r\n\r\n");
         wbuf.extend_from_slice(&body);
         let _ =
@@ -559,22 +559,6 @@ fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
     }
 }
 
-fn parse_length(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 19 {
-        return None;
-    }
-    v.iter().try_fold(0u64, |n, &b| {
-        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
-    })
-}
-
-/// Whether a comma-separated header value holds `token` (ASCII case-insensitive).
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
-}
-
 fn status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
@@ -606,18 +590,6 @@ fn date_header(out: &mut Vec<u8>) {
         }
         put_header(out, b"date", text.as_bytes());
     });
-}
-
-fn itoa_u64(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
 }
 
 fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
@@ -769,8 +741,13 @@ mod tests {
 
     #[test]
     fn numbers_format() {
-        assert_eq!(itoa_u64(0, &mut [0; 20]), b"0");
-        assert_eq!(itoa_u64(u64::MAX, &mut [0; 20]), b"18446744073709551615");
+        let decimal = |n| {
+            let mut out = Vec::new();
+            push_decimal(&mut out, n);
+            out
+        };
+        assert_eq!(decimal(0), b"0");
+        assert_eq!(decimal(u64::MAX), b"18446744073709551615");
         assert_eq!(hex_len(0, &mut [0; 16]), b"0");
         assert_eq!(hex_len(0x1a2f, &mut [0; 16]), b"1a2f");
     }

@@ -330,15 +330,15 @@ pub fn encode_end(out: &mut Vec<u8>, method: &http::Method, body: &[u8]) {
         || method == http::Method::PATCH
     {
         out.extend_from_slice(b"content-length: ");
-        push_decimal(out, body.len());
+        push_decimal(out, body.len() as u64);
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
 }
 
-/// Appends `n` in decimal (cheaper than `core::fmt` on this path).
-fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
+/// Appends `n` in decimal (cheaper than `core::fmt` on this path). Shared with `server::h1`.
+pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -350,6 +350,17 @@ fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
         }
     }
     out.extend_from_slice(&digits[i..]);
+}
+
+/// A Content-Length value: ASCII digits only, at most 19 of them (so it cannot overflow).
+/// Shared with `server::h1`.
+pub fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
 }
 
 /// A parsed answer head.
@@ -485,11 +496,7 @@ fn framing(
             14 if name_is(name, b"content-length") => {
                 has_length = true;
                 for part in h.value.split(|&b| b == b',') {
-                    let n = std::str::from_utf8(part.trim_ascii())
-                        .ok()
-                        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                        .and_then(|s| s.parse::<u64>().ok());
-                    match (n, length) {
+                    match (parse_length(part.trim_ascii()), length) {
                         (None, _) => bad_length = bad_length.or(Some("bad content-length")),
                         (Some(n), Some(l)) if l != n => {
                             bad_length = bad_length.or(Some("conflicting content-length"));
@@ -528,7 +535,9 @@ fn framing(
     })
 }
 
-fn has_token(value: &[u8], token: &[u8]) -> bool {
+/// Whether a comma-separated header value holds `token` (ASCII case-insensitive). Shared with
+/// `server::h1`.
+pub fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
         .split(|&b| b == b',')
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
