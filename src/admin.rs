@@ -27,9 +27,10 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::State;
+use crate::backend::Status;
 use crate::config::{DEFAULT_HEALTH_INTERVAL_MS, DEFAULT_HEALTH_TIMEOUT_MS, MetricsConfig};
-use crate::health::{self, Status};
+use crate::health;
+use crate::state::State;
 
 /// How long open scrape connections may take to finish once the gateway has stopped.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -167,7 +168,9 @@ fn route(state: &State, draining: bool, req: &Request<Incoming>) -> Response<Ful
     }
     match req.uri().path() {
         "/metrics" => {
-            let mut r = Response::new(Full::new(Bytes::from(state.metrics.render(state))));
+            let mut r = Response::new(Full::new(Bytes::from(
+                state.metrics.render(&state.mirrors()),
+            )));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -215,7 +218,7 @@ fn readyz(state: &State, draining: bool) -> Response<Full<Bytes>> {
             json!({
                 "name": &*b.name,
                 "transport": b.upstream.kind(),
-                "protocol": health::protocol_label(b.verdict()),
+                "protocol": b.verdict().label(),
                 "status": status.label(),
                 "checked_ms_ago": last.as_ref().map(|(ago, _)| ago.as_millis() as u64),
                 "error": last.and_then(|(_, why)| why),

@@ -19,7 +19,7 @@
 use arc_swap::ArcSwap;
 use base64::Engine;
 use bytes::Bytes;
-use futures_util::StreamExt;
+
 use http::HeaderMap;
 use ring::{digest, hmac, signature};
 use serde::Deserialize;
@@ -31,7 +31,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::cache::Partition;
 use crate::config::{AuthConfig, AuthMode, JwtConfig, RateLimitConfig, ToolFilter};
 use crate::error::GatewayError;
-use crate::upstream::{MessageStream, Reply};
 
 /// Path of the Protected Resource Metadata document; per-resource documents append the path.
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
@@ -341,7 +340,7 @@ impl Auth {
     pub fn policy(&self, principal: Option<&Principal>) -> Option<&ToolFilter> {
         let team = principal?.team.as_deref()?;
         let t = self.teams.get(team)?;
-        (!t.tools.allow.is_empty() || !t.tools.deny.is_empty()).then_some(&t.tools)
+        (!t.tools.is_open()).then_some(&t.tools)
     }
 
     /// Takes one token from the caller's bucket, or says how long to wait.
@@ -437,71 +436,6 @@ pub fn partition(principal: Option<&Principal>, headers: &HeaderMap) -> Partitio
                 .map(|v| v.as_bytes()),
         ),
     }
-}
-
-/// Glob match with `*` (any run) and `?` (one character).
-pub fn glob(pattern: &str, name: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    let (mut pi, mut ni) = (0, 0);
-    let (mut star, mut mark) = (None, 0);
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ni;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ni = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
-}
-
-/// Whether a filter admits a tool: allowed (or no allow list) and not denied.
-pub fn tool_allowed(filter: &ToolFilter, name: &str) -> bool {
-    (filter.allow.is_empty() || filter.allow.iter().any(|p| glob(p, name)))
-        && !filter.deny.iter().any(|p| glob(p, name))
-}
-
-/// Removes the tools a policy hides from a `tools/list` answer. Only the final response is
-/// touched; notifications about the request go through as they are.
-pub fn filter_tools_reply(reply: Reply, filter: &ToolFilter) -> Reply {
-    let filter = filter.clone();
-    let messages = match reply.messages {
-        MessageStream::One(b) => MessageStream::One(filter_tools_message(b, &filter)),
-        MessageStream::Many(s) => MessageStream::Many(
-            s.map(move |item| item.map(|b| filter_tools_message(b, &filter)))
-                .boxed(),
-        ),
-        MessageStream::Empty => MessageStream::Empty,
-    };
-    Reply { messages, ..reply }
-}
-
-fn filter_tools_message(msg: Bytes, filter: &ToolFilter) -> Bytes {
-    let Ok(mut v) = serde_json::from_slice::<Value>(&msg) else {
-        return msg;
-    };
-    let Some(tools) = v
-        .get_mut("result")
-        .and_then(|r| r.get_mut("tools"))
-        .and_then(Value::as_array_mut)
-    else {
-        return msg;
-    };
-    tools.retain(|t| {
-        t.get("name")
-            .and_then(Value::as_str)
-            .is_some_and(|n| tool_allowed(filter, n))
-    });
-    serde_json::to_vec(&v).map(Bytes::from).unwrap_or(msg)
 }
 
 #[derive(Deserialize)]
@@ -672,41 +606,6 @@ fn unix_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob("*", "anything"));
-        assert!(glob("search_*", "search_docs"));
-        assert!(!glob("search_*", "delete_docs"));
-        assert!(glob("a?c", "abc"));
-        assert!(!glob("a?c", "ac"));
-        assert!(glob("*_admin", "db_admin"));
-        assert!(glob("", ""));
-        assert!(!glob("", "x"));
-        let f = ToolFilter {
-            allow: vec!["e*".into()],
-            deny: vec!["echo_secret".into()],
-        };
-        assert!(tool_allowed(&f, "echo"));
-        assert!(!tool_allowed(&f, "echo_secret"));
-        assert!(!tool_allowed(&f, "add"));
-    }
-
-    #[test]
-    fn filters_list_messages() {
-        let f = ToolFilter {
-            allow: vec!["echo".into()],
-            deny: vec![],
-        };
-        let msg = Bytes::from_static(
-            br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"echo"},{"name":"add"}]}}"#,
-        );
-        let out: Value = serde_json::from_slice(&filter_tools_message(msg, &f)).unwrap();
-        assert_eq!(out["result"]["tools"].as_array().unwrap().len(), 1);
-        // A notification passes untouched.
-        let note = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"x"}"#);
-        assert_eq!(filter_tools_message(note.clone(), &f), note);
-    }
 
     #[test]
     fn constant_time_eq() {

@@ -1,6 +1,9 @@
 //! The one response body type portico hands to hyper. An enum rather than a boxed trait object:
 //! the hot paths (a relayed upstream answer, a cached JSON body) cost no allocation, and every
-//! kind of body is visible in one `match`.
+//! kind of body is visible in one `match`. It sits with the transports (a relayed answer is an
+//! upstream's body), above the leaves that describe errors and SSE; the rendering of an
+//! upstream `Reply` (JSON, or SSE when notifications come first) lives here too, so every
+//! front end turns answers into responses the same way.
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -12,10 +15,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
-use crate::upstream::http::RelayBody;
-
-/// Errors a body can end with; hyper only needs to know the stream broke.
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::BodyError;
+use crate::error::GatewayError;
+use crate::jsonrpc::RequestId;
+use crate::protocol;
+pub use crate::sse::sse_event;
+use crate::upstream::http::{RelayBody, is_event_stream};
+use crate::upstream::{MessageStream, Reply};
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 
 /// A response body.
 // `Relay` is the large variant and also the hot one (every pass-through answer); boxing it
@@ -37,6 +44,13 @@ pub enum Body {
 impl Body {
     pub fn full(bytes: impl Into<Bytes>) -> Body {
         Body::Full(Some(bytes.into()))
+    }
+}
+
+impl GatewayError {
+    /// The error as a response (status, headers and body from [`GatewayError::into_http`]).
+    pub fn into_response(self, id: Option<&RequestId>) -> Response<Body> {
+        self.into_http(id).map(Body::full)
     }
 }
 
@@ -78,20 +92,107 @@ impl http_body::Body for Body {
     }
 }
 
-/// One SSE event carrying one JSON-RPC message.
-pub fn sse_event(message: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(message.len() + 24);
-    out.extend_from_slice(b"event: message\ndata: ");
-    // A JSON text from serde never holds a raw newline, but an upstream's might (pretty-printed);
-    // SSE needs each line prefixed.
-    for (i, line) in message.split(|b| *b == b'\n').enumerate() {
-        if i > 0 {
-            out.extend_from_slice(b"\ndata: ");
+// === Rendering: replies and relayed answers as responses ===
+
+/// Builds the client response for a relayed upstream answer, copying only the headers a client
+/// needs.
+pub fn relay_response(parts: http::response::Parts, body: Body) -> Response<Body> {
+    let sse = is_event_stream(&parts.headers);
+    let relayed = |k: &HeaderName| *k == header::CONTENT_TYPE || *k == header::RETRY_AFTER;
+    let mut headers = parts.headers;
+    // The framing is the server's to state. After that the map usually holds only what is
+    // relayed, and is kept rather than copied into a new one.
+    headers.remove(header::CONTENT_LENGTH);
+    if !headers.keys().all(relayed) {
+        let mut kept = http::HeaderMap::with_capacity(2);
+        for name in [header::CONTENT_TYPE, header::RETRY_AFTER] {
+            if let Some(v) = headers.get(&name) {
+                kept.insert(name, v.clone());
+            }
         }
-        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+        headers = kept;
     }
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    let mut resp = Response::new(body);
+    *resp.status_mut() = parts.status;
+    *resp.headers_mut() = headers;
+    let out = resp.headers_mut();
+    if sse {
+        out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        out.insert(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
+    }
+    resp
+}
+
+pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut resp = Response::new(Body::full(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Renders a reply (the pipeline's render phase): decoded messages → HTTP. A single answer goes back as JSON; when notifications
+/// come first (progress), the answer becomes an SSE stream that relays each message as it
+/// arrives. Dropping the stream (client gone) drops the upstream side too.
+/// `name` and `timeout_ms` only label errors that end a stream.
+pub async fn render(
+    reply: Reply,
+    id: Option<&RequestId>,
+    name: &str,
+    timeout_ms: u64,
+) -> Response<Body> {
+    match reply.messages {
+        MessageStream::Empty => {
+            let mut resp = Response::new(Body::Empty);
+            *resp.status_mut() = StatusCode::ACCEPTED;
+            resp
+        }
+        MessageStream::One(msg) => json_response(reply.status, msg),
+        MessageStream::Many(mut stream) => {
+            let first = match stream.next().await {
+                None => {
+                    return GatewayError::BackendFailed {
+                        backend: name.to_string(),
+                        detail: "the answer stream ended without a response".into(),
+                    }
+                    .into_response(id);
+                }
+                Some(Err(e)) => {
+                    return GatewayError::from_upstream(name, timeout_ms, &e).into_response(id);
+                }
+                Some(Ok(first)) => first,
+            };
+            if protocol::is_response(&first) {
+                return json_response(reply.status, first);
+            }
+            let stream = futures_util::stream::once(async move { Ok(first) }).chain(stream);
+            let id = id.cloned();
+            let name = name.to_string();
+            let events = stream.map(move |item| match item {
+                Ok(msg) => sse_event(&msg),
+                Err(e) => sse_event(
+                    &GatewayError::from_upstream(&name, timeout_ms, &e).to_message(id.as_ref()),
+                ),
+            });
+            let mut resp = Response::new(Body::Stream(Box::pin(events)));
+            let out = resp.headers_mut();
+            out.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            out.insert(
+                HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            );
+            resp
+        }
+    }
 }
 
 /// The comment line sent on an idle SSE stream; clients ignore comments (digest §4).

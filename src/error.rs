@@ -1,21 +1,16 @@
-//! `GatewayError`: every way a request can fail, who is at fault, and the HTTP status and
-//! JSON-RPC error the client gets. Only this module builds error responses, so the status/code
-//! table lives in one place (digest §4).
+//! `GatewayError`: every way a request can fail, and the HTTP status and JSON-RPC error the
+//! client gets. Only this module decides statuses, codes and error bodies, so the table lives in
+//! one place (README "Errors"). A leaf: it knows JSON-RPC (`jsonrpc`) and nothing else of
+//! portico's; `upstream` turns its own failures into these (`GatewayError::from_upstream`) and
+//! `body` wraps [`GatewayError::into_http`] into the response type.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::body::Body;
-use crate::protocol::{RequestId, SUPPORTED_VERSIONS, code, error_body};
-use crate::upstream::UpstreamError;
+use crate::jsonrpc::{RequestId, code, error_body};
 
-/// Who caused a failure; decides 4xx vs 5xx and the metrics outcome.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    Client,
-    Backend,
-    Gateway,
-}
+/// Errors a body can end with; hyper only needs to know the stream broke.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
@@ -45,8 +40,12 @@ pub enum GatewayError {
     HeaderMismatch(String),
     #[error("Invalid params: {0}")]
     InvalidParams(String),
+    /// `supported` is what the URL's `server/discover` advertises (the two must agree).
     #[error("Unsupported protocol version: {requested}")]
-    UnsupportedVersion { requested: String },
+    UnsupportedVersion {
+        requested: String,
+        supported: &'static [&'static str],
+    },
     #[error("Method not found: {0}")]
     MethodNotFound(String),
     #[error("Bad Request: {0}")]
@@ -95,20 +94,6 @@ pub enum GatewayError {
 }
 
 impl GatewayError {
-    pub fn fault(&self) -> Fault {
-        use GatewayError::*;
-        match self {
-            BackendUnreachable { .. } | BackendTimeout { .. } | BackendFailed { .. } => {
-                Fault::Backend
-            }
-            CircuitOpen { .. } => Fault::Backend,
-            Overloaded { .. } | Internal(_) | NameCollision { .. } | StreamLimit { .. } => {
-                Fault::Gateway
-            }
-            _ => Fault::Client,
-        }
-    }
-
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
@@ -210,8 +195,11 @@ impl GatewayError {
 
     fn data(&self) -> Option<serde_json::Value> {
         match self {
-            GatewayError::UnsupportedVersion { requested } => Some(serde_json::json!({
-                "supported": SUPPORTED_VERSIONS,
+            GatewayError::UnsupportedVersion {
+                requested,
+                supported,
+            } => Some(serde_json::json!({
+                "supported": supported,
                 "requested": requested,
             })),
             GatewayError::ResourceNotFound { uri } => Some(serde_json::json!({ "uri": uri })),
@@ -224,10 +212,11 @@ impl GatewayError {
         error_body(id, self.code(), &self.to_string(), self.data().as_ref())
     }
 
-    /// The full HTTP response. The only place error responses are built.
-    pub fn into_response(self, id: Option<&RequestId>) -> Response<Body> {
+    /// The full HTTP response (`body::Body` wraps it: `GatewayError::into_response`). The only
+    /// place error responses are built.
+    pub fn into_http(self, id: Option<&RequestId>) -> Response<Bytes> {
         let body = self.to_message(id);
-        let mut resp = Response::new(Body::full(Bytes::from(body)));
+        let mut resp = Response::new(Bytes::from(body));
         *resp.status_mut() = self.status();
         let h = resp.headers_mut();
         h.insert(
@@ -262,30 +251,5 @@ impl GatewayError {
             _ => {}
         }
         resp
-    }
-
-    /// Turns an upstream failure into the client-facing error, naming the backend but never the
-    /// internals (addresses, OS error text).
-    pub fn from_upstream(backend: &str, timeout_ms: u64, e: &UpstreamError) -> GatewayError {
-        match e {
-            UpstreamError::Connect(_) => GatewayError::BackendUnreachable {
-                backend: backend.to_string(),
-            },
-            UpstreamError::Timeout => GatewayError::BackendTimeout {
-                backend: backend.to_string(),
-                timeout_ms,
-            },
-            UpstreamError::Overloaded => GatewayError::Overloaded {
-                backend: backend.to_string(),
-            },
-            UpstreamError::Closed(d) | UpstreamError::Protocol(d) => GatewayError::BackendFailed {
-                backend: backend.to_string(),
-                detail: d.clone(),
-            },
-            UpstreamError::Restarted => GatewayError::BackendFailed {
-                backend: backend.to_string(),
-                detail: e.to_string(),
-            },
-        }
     }
 }

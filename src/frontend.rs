@@ -23,6 +23,10 @@ use crate::protocol::{
     decode_header_value, header as h, is_legacy_version, name_field,
 };
 
+/// The client's socket address, attached to every request (admin endpoints are loopback-only).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 /// Which protocol era a request belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Era {
@@ -192,7 +196,7 @@ pub fn origin_allowed(origin: &[u8], allowed: &[String]) -> bool {
 pub async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError>
 where
     B: http_body::Body<Data = Bytes>,
-    B::Error: Into<crate::body::BodyError>,
+    B::Error: Into<crate::error::BodyError>,
 {
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
@@ -202,7 +206,7 @@ where
     {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    let too_large = |e: &crate::body::BodyError| e.is::<http_body_util::LengthLimitError>();
+    let too_large = |e: &crate::error::BodyError| e.is::<http_body_util::LengthLimitError>();
     let mut body = std::pin::pin!(Limited::new(body, limit));
     // The usual body arrives as one frame (the lean HTTP/1.1 server reads it whole): return
     // that buffer as is, without a collecting buffer list.
@@ -356,6 +360,7 @@ pub fn verify_modern(head: &Head, mh: &ModernHead<'_>, env: &Envelope) -> Result
     if mh.unknown_version {
         return Err(GatewayError::UnsupportedVersion {
             requested: v.clone(),
+            supported: &crate::protocol::SUPPORTED_VERSIONS,
         });
     }
     Ok(())

@@ -117,7 +117,7 @@ pub fn upstream_answer(data: &[u8]) {
     messages.push(Bytes::copy_from_slice(rest));
     for m in &messages {
         let _ = protocol::parse_envelope(m);
-        let _ = crate::proxy::is_response(m);
+        let _ = crate::protocol::is_response(m);
         for method in ["tools/list", "resources/read", "server/discover"] {
             let _ = crate::cache::classify(method, false, m, 60_000);
         }

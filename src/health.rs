@@ -1,111 +1,52 @@
-//! Backend health: whether each backend can be reached right now, as `/readyz` and the
-//! `portico_backend_up` gauge report it.
+//! Backend health: one system that finds out whether each backend answers right now, feeding
+//! `/readyz`, the `portico_backend_up` gauge and (for backends with `health_interval_ms`) the
+//! circuit breaker. Every check is [`check`]; two schedules run it:
+//! - the admin listener's checker ([`check_all`], every `metrics.health_interval_ms`) records
+//!   into each backend's `Health`, which readers (`/readyz`, a scrape) only read, so a probe
+//!   from Kubernetes or Prometheus never waits on a backend;
+//! - the active probe of a backend with `health_interval_ms` ([`spawn_probe`]) records into the
+//!   same `Health` and into the breaker, so a dead backend is taken out before clients find it.
 //!
-//! The metrics listener runs [`check_all`] every `metrics.health_interval_ms`; readers (`/readyz`,
-//! a scrape) only read the last result, so a probe from Kubernetes or Prometheus never waits on a
-//! backend. A check is the cheapest contact that proves the backend answers:
+//! A check is the cheapest contact that proves the backend answers:
 //! - an `auto` backend whose era is unknown gets the real protocol probe (`bridge::ensure_verdict`),
 //!   which also spares the first client request that probe;
-//! - an HTTP backend gets a `server/discover` POST; any answer below 500 counts as up (a legacy
-//!   server refuses it with a 4xx, which still proves it is there);
+//! - an HTTP backend gets portico's `server/discover` (`protocol::discover_probe`); any answer
+//!   below 500 counts as up (a legacy server refuses it with a 4xx, which still proves it is
+//!   there);
 //! - a stdio backend is up while its child runs (a check starts it when it never ran);
 //! - the built-in demo is always up.
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::{Duration, Instant};
+use http::HeaderMap;
+use http_body_util::BodyExt;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use crate::protocol::{LATEST_VERSION, header as h};
-use crate::router::{Backend, Verdict};
+use crate::backend::{Backend, Verdict};
+use crate::protocol::{discover_probe, discover_probe_headers};
 use crate::upstream::Upstream;
 
-/// A backend's state as of its last check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    /// Not checked yet.
-    Unknown = 0,
-    Up = 1,
-    Down = 2,
-}
-
-impl Status {
-    pub fn label(self) -> &'static str {
-        match self {
-            Status::Unknown => "unknown",
-            Status::Up => "up",
-            Status::Down => "down",
-        }
-    }
-}
-
-/// Per-backend health, written by the checker and read by `/readyz` and scrapes.
-#[derive(Default)]
-pub struct Health {
-    status: AtomicU8,
-    /// When the last check finished, and why it failed (if it did). Locked briefly, never across
-    /// an await.
-    last: Mutex<Option<(Instant, Option<String>)>>,
-}
-
-impl Health {
-    pub fn status(&self) -> Status {
-        match self.status.load(Ordering::Relaxed) {
-            1 => Status::Up,
-            2 => Status::Down,
-            _ => Status::Unknown,
-        }
-    }
-
-    /// Time since the last check and its failure reason.
-    pub fn last(&self) -> Option<(Duration, Option<String>)> {
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        last.as_ref().map(|(at, why)| (at.elapsed(), why.clone()))
-    }
-
-    fn set(&self, backend: &str, result: Result<(), String>) {
-        let status = if result.is_ok() {
-            Status::Up
-        } else {
-            Status::Down
-        };
-        let prev = self.status.swap(status as u8, Ordering::Relaxed);
-        if let Err(why) = &result
-            && prev != Status::Down as u8
-        {
-            tracing::warn!(backend, why = %why, "backend health check failed");
-        }
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), result.err()));
-    }
-}
-
-/// The era a verdict names, as a label.
-pub fn protocol_label(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Modern => "modern",
-        Verdict::Legacy => "legacy",
-        Verdict::Unknown => "unknown",
-    }
-}
+/// How long one active probe may take (at most the backend's own timeout).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Checks every backend concurrently, each bounded by `timeout`, and records the results.
-pub async fn check_all<'a>(
-    backends: impl Iterator<Item = &'a std::sync::Arc<Backend>>,
-    timeout: Duration,
-) {
+pub async fn check_all<'a>(backends: impl Iterator<Item = &'a Arc<Backend>>, timeout: Duration) {
     let checks = backends.map(|b| async move {
-        let result = match tokio::time::timeout(timeout, check(b, timeout)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
-        };
+        let result = bounded_check(b, timeout).await;
         b.health.set(&b.name, result);
     });
     futures_util::future::join_all(checks).await;
 }
 
+/// [`check`] within `timeout`.
+async fn bounded_check(b: &Backend, timeout: Duration) -> Result<(), String> {
+    match tokio::time::timeout(timeout, check(b, timeout)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+    }
+}
+
 /// One check of one backend (see the module doc).
-async fn check(b: &Backend, timeout: Duration) -> Result<(), String> {
+pub async fn check(b: &Backend, timeout: Duration) -> Result<(), String> {
     if b.verdict() == Verdict::Unknown {
         crate::bridge::ensure_verdict(b)
             .await
@@ -119,30 +60,19 @@ async fn check(b: &Backend, timeout: Duration) -> Result<(), String> {
     match &b.upstream {
         Upstream::Builtin(_) => Ok(()),
         Upstream::Http(up) => {
-            let extra = [
-                (
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                ),
-                (
-                    http::header::ACCEPT,
-                    HeaderValue::from_static("application/json, text/event-stream"),
-                ),
-                (
-                    h::names::PROTOCOL_VERSION,
-                    HeaderValue::from_static(LATEST_VERSION),
-                ),
-                (
-                    h::names::METHOD,
-                    HeaderValue::from_static("server/discover"),
-                ),
-            ];
-            let req = up.request(&HeaderMap::new(), &extra, discover_body());
+            let req = up.request(
+                &HeaderMap::new(),
+                &discover_probe_headers(),
+                discover_probe("portico-health"),
+            );
             let ex = up
                 .exchange(req, deadline)
                 .await
                 .map_err(|e| e.to_string())?;
             let status = ex.response.status();
+            // Read the answer so the connection goes back to the pool.
+            let (_, body) = up.relay(ex, deadline, bytes::Bytes::new());
+            let _ = body.collect().await;
             if status.is_server_error() {
                 Err(format!("answered HTTP {status}"))
             } else {
@@ -152,7 +82,7 @@ async fn check(b: &Backend, timeout: Duration) -> Result<(), String> {
         Upstream::Stdio(s) => {
             if !s.is_up() {
                 // Never started (or restarting): any call starts it; its answer does not matter.
-                let _ = s.call(discover_body(), deadline).await;
+                let _ = s.call(discover_probe("portico-health"), deadline).await;
             }
             if s.is_up() {
                 Ok(())
@@ -166,13 +96,29 @@ async fn check(b: &Backend, timeout: Duration) -> Result<(), String> {
     }
 }
 
-/// A well-formed 2026-07-28 `server/discover`: harmless to any server.
-fn discover_body() -> Bytes {
-    Bytes::from(
-        serde_json::json!({"jsonrpc":"2.0","id":"portico-health","method":"server/discover","params":{"_meta":{
-            crate::protocol::meta::PROTOCOL_VERSION: LATEST_VERSION,
-            crate::protocol::meta::CLIENT_CAPABILITIES: {},
-        }}})
-        .to_string(),
-    )
+/// Starts the active probe of an HTTP backend with `health_interval_ms`: [`check`] on that
+/// interval, recorded into its health and its breaker (a failed check counts as a failure, a
+/// passed one closes an open breaker). Holds only a weak reference, so the task ends with its
+/// config generation.
+pub fn spawn_probe(backend: &Arc<Backend>) {
+    let every = backend.cfg.health_interval_ms;
+    if every == 0 || !matches!(backend.upstream, Upstream::Http(_)) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak: Weak<Backend> = Arc::downgrade(backend);
+    let every = Duration::from_millis(every);
+    rt.spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(b) = weak.upgrade() else { return };
+            let result = bounded_check(&b, PROBE_TIMEOUT.min(b.timeout)).await;
+            let ok = result.is_ok();
+            b.health.set(&b.name, result);
+            b.resilience.set_up(ok);
+            b.resilience.record(ok);
+        }
+    });
 }

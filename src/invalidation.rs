@@ -28,10 +28,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::{Backend, Verdict};
 use crate::bridge;
 use crate::cache::Cache;
 use crate::protocol::{LATEST_VERSION, header as h};
-use crate::router::{Backend, Verdict};
 use crate::upstream::{MessageStream, Upstream};
 
 /// First reconnect delay; doubles per failure up to [`MAX_BACKOFF`].

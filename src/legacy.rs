@@ -16,21 +16,20 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::State;
-use crate::body::Body;
+use crate::body::{Body, json_response, render};
 use crate::error::GatewayError;
 use crate::frontend::{self, Head};
 use crate::protocol::{
     self, Kind, LATEST_VERSION, LEGACY_VERSIONS, RequestId, code, header as h, meta,
 };
-use crate::proxy::{RequestCtx, dispatch, json_response, render_as};
-use crate::router::Route;
+use crate::router::{Route, dispatch};
 use crate::session::SessionData;
+use crate::step::{Core, RequestCtx};
 use crate::upstream::{MessageStream, Reply};
 
 /// Serves one POST from an initialize-era client.
 pub async fn serve(
-    state: &State,
+    core: &Core,
     ctx: &mut RequestCtx,
     path: &str,
     route: &Route,
@@ -44,7 +43,7 @@ pub async fn serve(
     let deadline = Instant::now() + route.timeout();
     if env.kind == Kind::Request && env.method == "initialize" {
         return initialize(
-            state,
+            core,
             ctx,
             path,
             route,
@@ -60,7 +59,7 @@ pub async fn serve(
             "Mcp-Session-Id header is required: start the session with initialize".into(),
         ));
     };
-    let session = state
+    let session = core
         .sessions
         .open(sid, path, principal_id(ctx))
         .ok_or(GatewayError::SessionNotFound)?;
@@ -90,7 +89,7 @@ pub async fn serve(
     let modern_body = modernize(&body, &session)?;
     let modern_env = protocol::parse_envelope(&modern_body).map_err(frontend::envelope_error)?;
     let reply = dispatch(
-        state,
+        core,
         ctx,
         route,
         headers,
@@ -100,7 +99,7 @@ pub async fn serve(
     )
     .await?;
     let timeout_ms = route.timeout().as_millis() as u64;
-    Ok(render_as(
+    Ok(render(
         legacy_reply(reply, &env.method),
         Some(&id),
         &route.name(),
@@ -112,7 +111,7 @@ pub async fn serve(
 /// `DELETE` with a session id ends the session. Ids are self-contained, so there is nothing to
 /// forget; the client is told it worked when the id is ours.
 pub fn delete(
-    state: &State,
+    core: &Core,
     ctx: &RequestCtx,
     path: &str,
     headers: &HeaderMap,
@@ -121,8 +120,7 @@ pub fn delete(
     let Some(sid) = head.session else {
         return Err(GatewayError::MethodNotAllowed);
     };
-    state
-        .sessions
+    core.sessions
         .open(sid, path, principal_id(ctx))
         .ok_or(GatewayError::SessionNotFound)?;
     let mut resp = Response::new(Body::Empty);
@@ -159,7 +157,7 @@ pub fn negotiate(asked: Option<&str>) -> &'static str {
 
 #[allow(clippy::too_many_arguments)]
 async fn initialize(
-    state: &State,
+    core: &Core,
     ctx: &mut RequestCtx,
     path: &str,
     route: &Route,
@@ -177,7 +175,7 @@ async fn initialize(
         _ => json!({}),
     };
     let info = params.get("clientInfo").filter(|i| i.is_object()).cloned();
-    let mut session = state.sessions.data(version, caps, info, path);
+    let mut session = core.sessions.data(version, caps, info, path);
     session.pr = principal_id(ctx).map(String::from);
     // Describe the backend from its discover result (cached like any other discover).
     let discover = modernize(
@@ -185,10 +183,10 @@ async fn initialize(
         &session,
     )?;
     let env = protocol::parse_envelope(&discover).map_err(frontend::envelope_error)?;
-    let reply = dispatch(state, ctx, route, headers, &env, discover, deadline).await?;
-    let found =
-        crate::proxy::final_response(reply, &route.name(), route.timeout().as_millis() as u64)
-            .await?;
+    let reply = dispatch(core, ctx, route, headers, &env, discover, deadline).await?;
+    let found = reply
+        .final_response(&route.name(), route.timeout().as_millis() as u64)
+        .await?;
     if let Some(err) = found.get("error") {
         return Err(GatewayError::BackendFailed {
             backend: route.name().to_string(),
@@ -218,7 +216,7 @@ async fn initialize(
     if let Some(i) = d.get("instructions") {
         init["instructions"] = i.clone();
     }
-    let sid = state.sessions.mint(&session);
+    let sid = core.sessions.mint(&session);
     let mut resp = result(id, init);
     if let Ok(v) = HeaderValue::from_str(&sid) {
         resp.headers_mut().insert(h::names::SESSION_ID, v);

@@ -32,19 +32,22 @@
 pub mod admin;
 pub mod aggregate;
 pub mod auth;
+pub mod backend;
 pub mod body;
 pub mod bridge;
 pub mod cache;
 pub mod config;
-pub mod demo;
 pub mod error;
 pub mod frontend;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod health;
 pub mod invalidation;
+pub mod jsonrpc;
 pub mod legacy;
+pub mod merge;
 pub mod metrics;
+pub mod policy;
 pub mod protocol;
 pub mod proxy;
 pub mod reload;
@@ -53,7 +56,9 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod state;
 pub mod stdio_front;
+pub mod step;
 pub mod upstream;
 
 use arc_swap::ArcSwap;
@@ -63,96 +68,7 @@ use tokio::net::TcpListener;
 
 use config::Config;
 use metrics::Metrics;
-use router::RouteTable;
-
-/// Everything a request needs, built from one config generation. Immutable; a reload builds a
-/// new one through the same `State::build` and swaps it in.
-pub struct State {
-    pub config: Config,
-    pub routes: RouteTable,
-    /// Seals and opens legacy-client session ids.
-    pub sessions: session::Sessions,
-    /// Outlives config generations, so counters survive reloads.
-    pub metrics: Arc<Metrics>,
-    /// The shared list cache of this generation (a reload starts empty: the config that
-    /// shaped the entries may have changed).
-    pub cache: Arc<cache::Cache>,
-    /// Change-notification streams that keep `cache` honest.
-    pub watchers: invalidation::Watchers,
-    /// Authentication, team policy and rate limits.
-    pub auth: auth::Auth,
-}
-
-/// Why the gateway could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Build(#[from] router::BuildError),
-    #[error("{0}")]
-    Tls(String),
-    #[error("cannot listen on {addr} (metrics.listen): {source}")]
-    MetricsBind {
-        addr: String,
-        source: std::io::Error,
-    },
-    #[error("{0}")]
-    Auth(String),
-    #[error("{0}")]
-    Config(String),
-}
-
-impl State {
-    pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<State, StartError> {
-        let routes = RouteTable::build(&config)?;
-        let sessions = session::Sessions::new(&config.sessions);
-        let cache = Arc::new(cache::Cache::new(&config.cache));
-        let auth = auth::Auth::build(&config.auth).map_err(StartError::Auth)?;
-        // Background tasks hold weak references: they end with this generation.
-        auth.spawn_refresh();
-        for b in routes.backends.values() {
-            b.resilience.attach(metrics.backend(&b.name));
-            resilience::spawn_probe(b);
-        }
-        Ok(State {
-            config,
-            routes,
-            sessions,
-            metrics,
-            cache,
-            watchers: invalidation::Watchers::default(),
-            auth,
-        })
-    }
-
-    /// Ends upstream legacy sessions (`DELETE`) and stops stdio children.
-    pub async fn shutdown(&self) {
-        self.watchers.stop();
-        for b in self.routes.backends.values() {
-            bridge::close(b).await;
-            if let upstream::Upstream::Stdio(s) = &b.upstream {
-                s.shutdown().await;
-            }
-        }
-    }
-
-    /// The pipeline's single exit: metrics and the access log line.
-    pub fn observe(&self, ctx: &proxy::RequestCtx) {
-        self.metrics.record(ctx);
-        if self.config.log.access {
-            tracing::info!(
-                target: "portico::access",
-                method = ctx.method.as_deref().map(protocol::method_label).unwrap_or("-"),
-                backend = ctx.route.as_deref().unwrap_or("-"),
-                status = ctx.status,
-                duration_us = ctx.elapsed().as_micros() as u64,
-                passthrough = ctx.passthrough,
-                cache = ctx.cache.unwrap_or("-"),
-                error = ctx.error.unwrap_or(""),
-                traceparent = ctx.traceparent.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""),
-            );
-        }
-    }
-}
+pub use state::{StartError, State};
 
 /// Runs the gateway on `listener` until `shutdown` resolves, then drains and returns. The
 /// metrics listener, when `[metrics]` is configured, is bound from `metrics.listen`.

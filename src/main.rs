@@ -144,6 +144,7 @@ fn stdio_main(args: StdioArgs) -> ExitCode {
         }
     };
     let opts = portico::stdio_front::StdioOptions {
+        authorization: std::env::var("PORTICO_AUTHORIZATION").ok(),
         endpoint: args.endpoint,
         max_line_bytes: args.max_line_bytes,
     };

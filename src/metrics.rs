@@ -6,10 +6,15 @@
 //! - **events**, recorded as they happen into the long-lived registry (requests, latencies,
 //!   in-flight); they survive config reloads;
 //! - **state mirrors** (backend up/protocol, stdio restarts, legacy sessions, cache counters),
-//!   computed from the current [`State`] at scrape time by [`Metrics::render`], so they can never
-//!   drift from what they mirror and a removed backend's series disappear with it.
+//!   read from the current config generation at scrape time ([`Mirrors`], filled by the layer
+//!   that owns that state) and rendered by [`Metrics::render`], so they can never drift from
+//!   what they mirror and a removed backend's series disappear with it.
 //!
-//! Every metric is documented in deploy/README.md ("Metrics"); keep that table in step.
+//! A leaf: the pipeline reports a finished request as a [`Record`], transports report through
+//! the handles and process-wide counters here ([`BackendMetrics`], [`requests_in_flight`],
+//! [`lone_connection`]); nothing here reaches up into them.
+//!
+//! Every metric is documented in deploy/README.md ("Metrics"); a test keeps that table in step.
 
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
@@ -19,12 +24,115 @@ use prometheus::{
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
-use crate::State;
-use crate::health::{Status, protocol_label};
-use crate::proxy::RequestCtx;
-use crate::router::Verdict;
-use crate::upstream::Upstream;
+/// One finished request, as the pipeline's single exit reports it.
+pub struct Record<'a> {
+    /// Backend or endpoint name serving the request (`None`: refused before routing).
+    pub route: Option<&'a Arc<str>>,
+    /// The backend the request went to.
+    pub backend: Option<&'a Arc<str>>,
+    /// The MCP method, if read (labelled through `protocol::method_label` by the caller).
+    pub method: &'static str,
+    pub status: u16,
+    /// Failure reason label, if any.
+    pub error: Option<&'static str>,
+    /// Arrival to response head.
+    pub elapsed: Duration,
+    /// Time spent waiting for upstream answers.
+    pub upstream: Option<Duration>,
+}
+
+/// One backend's state at scrape time.
+pub struct BackendMirror<'a> {
+    pub name: &'a str,
+    /// `http`, `stdio` or `builtin`.
+    pub transport: &'static str,
+    pub up: bool,
+    /// `modern`, `legacy` or `unknown`.
+    pub protocol: &'static str,
+    /// Child restarts (stdio backends only).
+    pub restarts: Option<u64>,
+    /// Upstream initialize-era sessions open.
+    pub legacy_sessions: u64,
+}
+
+/// The state the mirrors render, gathered by the owner of that state (`State::mirrors`).
+pub struct Mirrors<'a> {
+    pub backends: Vec<BackendMirror<'a>>,
+    pub cache: CacheStats,
+}
+
+/// The era labels of `portico_backend_protocol`, every one rendered per backend.
+pub const PROTOCOL_LABELS: [&str; 3] = ["modern", "legacy", "unknown"];
+
+/// Counter values at one moment, for the metrics layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Answered from a fresh entry.
+    pub hits: u64,
+    /// Led an upstream fetch.
+    pub misses: u64,
+    /// Answered by another caller's concurrent fetch (single flight).
+    pub coalesced: u64,
+    /// Answered from an expired entry because the re-fetch failed.
+    pub stale: u64,
+    /// Not eligible at all (cache disabled, retry, non-cacheable method).
+    pub bypassed: u64,
+    pub inserts: u64,
+    /// Removed to stay within `max_bytes` (including entries refused on admission).
+    pub evictions: u64,
+    /// Entries and bytes held. They settle after moka's maintenance runs, so they may briefly
+    /// count an entry that is already expired or invalidated.
+    pub entries: u64,
+    pub bytes: u64,
+    /// Shared tier (`redis_url`): local misses answered from Redis.
+    pub redis_hits: u64,
+    /// Shared tier: Redis answered, but had nothing usable (absent, invalidated, expired).
+    pub redis_misses: u64,
+    /// Shared tier: records written.
+    pub redis_writes: u64,
+    /// Shared tier: calls that failed or overran `redis_timeout_ms` (each one was answered
+    /// without Redis).
+    pub redis_errors: u64,
+    /// Invalidations this replica announced to the others.
+    pub redis_published: u64,
+    /// Invalidations received from other replicas and applied to the local tier.
+    pub redis_received: u64,
+}
+
+/// Metric handles for one backend, for the resilience layer to update as events happen.
+pub struct BackendMetrics {
+    pub breaker_state: IntGauge,
+    pub retries: IntCounter,
+    pub up: IntGauge,
+}
+
+/// Client connections open in this process, on every listener, TLS or not.
+static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether at most one client connection is open: then no other client's request can be
+/// waiting behind the current one, and the upstream path may favour its latency over batching.
+pub fn lone_connection() -> bool {
+    OPEN_CONNECTIONS.load(Ordering::Relaxed) <= 1
+}
+
+/// Counts one client connection for as long as it lives (the listeners hold one per socket).
+pub struct OpenConnection(());
+
+impl OpenConnection {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> OpenConnection {
+        OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// Latency buckets in seconds, from 100 µs (a cache hit) to 30 s (a slow tool call).
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -76,8 +184,8 @@ struct Handles {
 }
 
 impl Handles {
-    fn serves(&self, metrics: u64, ctx: &RequestCtx, method: &str, outcome: &str) -> bool {
-        fn same(a: &Option<Arc<str>>, b: &Option<Arc<str>>) -> bool {
+    fn serves(&self, metrics: u64, r: &Record<'_>, outcome: &str) -> bool {
+        fn same(a: &Option<Arc<str>>, b: Option<&Arc<str>>) -> bool {
             match (a, b) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
                 (None, None) => true,
@@ -85,10 +193,10 @@ impl Handles {
             }
         }
         self.metrics == metrics
-            && self.method == method
+            && self.method == r.method
             && self.outcome == outcome
-            && same(&self.route, &ctx.route)
-            && same(&self.backend, &ctx.backend)
+            && same(&self.route, r.route)
+            && same(&self.backend, r.backend)
     }
 }
 
@@ -246,8 +354,8 @@ impl Metrics {
     }
 
     /// The per-backend resilience metrics (label values are config backend names).
-    pub fn backend(&self, name: &str) -> crate::resilience::BackendMetrics {
-        crate::resilience::BackendMetrics {
+    pub fn backend(&self, name: &str) -> BackendMetrics {
+        BackendMetrics {
             breaker_state: self.breaker_state.with_label_values(&[name]),
             retries: self.retries.with_label_values(&[name]),
             up: self.backend_up.with_label_values(&[name]),
@@ -262,60 +370,49 @@ impl Metrics {
     }
 
     /// The single exit of the request pipeline reports here.
-    pub fn record(&self, ctx: &RequestCtx) {
-        let endpoint = ctx.route.as_deref().unwrap_or("none");
-        let method = ctx
-            .method
-            .as_deref()
-            .map(crate::protocol::method_label)
-            .unwrap_or("none");
-        let outcome = outcome(ctx);
-        if let Some(reason) = ctx.error {
+    pub fn record(&self, r: &Record<'_>) {
+        let endpoint = r.route.map(|s| &**s).unwrap_or("none");
+        let method = r.method;
+        let outcome = outcome(r.status);
+        if let Some(reason) = r.error {
             self.errors.with_label_values(&[endpoint, reason]).inc();
         }
         HANDLES.with_borrow_mut(|cache| {
-            let i = match cache
-                .iter()
-                .position(|h| h.serves(self.id, ctx, method, outcome))
-            {
+            let i = match cache.iter().position(|h| h.serves(self.id, r, outcome)) {
                 Some(i) => i,
                 None => {
                     if cache.len() >= HANDLE_CACHE {
                         cache.clear();
                     }
-                    let backend = ctx.backend.as_deref().unwrap_or("none");
+                    let backend = r.backend.map(|s| &**s).unwrap_or("none");
                     cache.push(Handles {
                         metrics: self.id,
-                        route: ctx.route.clone(),
-                        backend: ctx.backend.clone(),
+                        route: r.route.cloned(),
+                        backend: r.backend.cloned(),
                         method,
                         outcome,
                         requests: self
                             .requests
                             .with_label_values(&[endpoint, backend, method, outcome]),
                         duration: self.duration.with_label_values(&[endpoint, method]),
-                        upstream: ctx
-                            .backend
-                            .as_deref()
-                            .map(|b| self.upstream.with_label_values(&[b])),
+                        upstream: r.backend.map(|b| self.upstream.with_label_values(&[&**b])),
                     });
                     cache.len() - 1
                 }
             };
             let h = &cache[i];
             h.requests.inc();
-            h.duration.observe(ctx.elapsed().as_secs_f64());
-            if let (Some(up), Some(t)) = (&h.upstream, ctx.upstream) {
+            h.duration.observe(r.elapsed.as_secs_f64());
+            if let (Some(up), Some(t)) = (&h.upstream, r.upstream) {
                 up.observe(t.as_secs_f64());
             }
         });
     }
 
-    /// The Prometheus text exposition: every event metric, plus the state mirrors computed from
-    /// `state` now.
-    pub fn render(&self, state: &State) -> Vec<u8> {
+    /// The Prometheus text exposition: every event metric, plus the state mirrors as of now.
+    pub fn render(&self, mirrors: &Mirrors<'_>) -> Vec<u8> {
         let mut families = self.registry.gather();
-        families.extend(state_families(state));
+        families.extend(state_families(mirrors));
         // The encoder refuses a family without samples (a vec with no children yet).
         families.retain(|f| !f.get_metric().is_empty());
         families.sort_by(|a, b| a.name().cmp(b.name()));
@@ -325,8 +422,8 @@ impl Metrics {
     }
 }
 
-/// The state-mirroring metrics, built fresh from `state`.
-fn state_families(state: &State) -> Vec<MetricFamily> {
+/// The state-mirroring metrics, built fresh from `mirrors`.
+fn state_families(mirrors: &Mirrors<'_>) -> Vec<MetricFamily> {
     let up = gauge_vec(
         "portico_backend_up",
         "1 when the backend's last health check succeeded, else 0.",
@@ -347,26 +444,24 @@ fn state_families(state: &State) -> Vec<MetricFamily> {
         "Upstream sessions open with initialize-era backends.",
         &["backend"],
     );
-    for b in state.routes.backends.values() {
-        let name = &*b.name;
-        let transport = b.upstream.kind();
-        up.with_label_values(&[name, transport])
-            .set(i64::from(b.health.status() == Status::Up));
-        let verdict = b.verdict();
-        for v in [Verdict::Modern, Verdict::Legacy, Verdict::Unknown] {
+    for b in &mirrors.backends {
+        let name = b.name;
+        up.with_label_values(&[name, b.transport])
+            .set(i64::from(b.up));
+        for p in PROTOCOL_LABELS {
             protocol
-                .with_label_values(&[name, protocol_label(v)])
-                .set(i64::from(v == verdict));
+                .with_label_values(&[name, p])
+                .set(i64::from(p == b.protocol));
         }
-        if let Upstream::Stdio(s) = &b.upstream {
-            restarts.with_label_values(&[name]).inc_by(s.restarts());
+        if let Some(n) = b.restarts {
+            restarts.with_label_values(&[name]).inc_by(n);
         }
         sessions
             .with_label_values(&[name])
-            .set(i64::from(b.bridge.has_session()));
+            .set(i64::try_from(b.legacy_sessions).unwrap_or(i64::MAX));
     }
 
-    let stats = state.cache.stats();
+    let stats = mirrors.cache;
     let lookups = counter_vec(
         "portico_cache_requests_total",
         "Cacheable requests by how the cache answered: hit (local tier), shared_hit (Redis \
@@ -445,8 +540,8 @@ fn state_families(state: &State) -> Vec<MetricFamily> {
     out
 }
 
-fn outcome(ctx: &RequestCtx) -> &'static str {
-    match ctx.status {
+fn outcome(status: u16) -> &'static str {
+    match status {
         200..=299 => "ok",
         502 | 504 => "backend_error",
         400..=499 => "client_error",

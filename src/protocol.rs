@@ -5,6 +5,8 @@
 //! return errors, never panic — which is why the fuzz targets start here.
 
 use serde::Deserialize;
+
+pub use crate::jsonrpc::{RequestId, code, error_body};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 
@@ -44,24 +46,6 @@ pub mod header {
         pub const NAME: HeaderName = HeaderName::from_static(super::NAME);
         pub const SESSION_ID: HeaderName = HeaderName::from_static(super::SESSION_ID);
     }
-}
-
-/// JSON-RPC and MCP error codes.
-pub mod code {
-    pub const PARSE_ERROR: i64 = -32700;
-    pub const INVALID_REQUEST: i64 = -32600;
-    pub const METHOD_NOT_FOUND: i64 = -32601;
-    pub const INVALID_PARAMS: i64 = -32602;
-    pub const INTERNAL_ERROR: i64 = -32603;
-    /// Legacy (2025) resource-not-found; modern servers use `INVALID_PARAMS` with `data.uri`.
-    pub const LEGACY_RESOURCE_NOT_FOUND: i64 = -32002;
-    pub const HEADER_MISMATCH: i64 = -32020;
-    pub const MISSING_CAPABILITY: i64 = -32021;
-    pub const UNSUPPORTED_VERSION: i64 = -32022;
-    /// Implementation-defined server error; what the SDKs use for transport-level refusals.
-    pub const SERVER_ERROR: i64 = -32000;
-    /// Legacy "session not found" (TypeScript SDK).
-    pub const SESSION_NOT_FOUND: i64 = -32001;
 }
 
 /// The methods portico knows by name. Anything else is `"other"` in metrics, so a client can
@@ -134,52 +118,6 @@ pub fn status_for_code(code: i64) -> u16 {
         code::UNSUPPORTED_VERSION..=code::HEADER_MISMATCH => 400,
         code::METHOD_NOT_FOUND => 404,
         _ => 200,
-    }
-}
-
-// === JSON-RPC request ids ===
-
-/// A JSON-RPC request id: a string or an integer (MCP forbids `null`). Kept as the exact JSON
-/// text so an error or a spliced cache hit echoes it byte for byte.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct RequestId(Box<str>);
-
-impl RequestId {
-    /// Validates raw JSON as an MCP id: a string, or an integer number.
-    pub fn from_raw(raw: &RawValue) -> Option<RequestId> {
-        let text = raw.get();
-        let valid = match text.as_bytes().first() {
-            Some(b'"') => true,
-            Some(b'-' | b'0'..=b'9') => !text.contains(['.', 'e', 'E']),
-            _ => false,
-        };
-        valid.then(|| RequestId(text.into()))
-    }
-
-    /// An id portico mints itself (for upstream requests it originates).
-    pub fn number(n: u64) -> RequestId {
-        RequestId(n.to_string().into())
-    }
-
-    /// The id as JSON text.
-    pub fn json(&self) -> &str {
-        &self.0
-    }
-
-    /// The id as a JSON value (for building messages with serde_json).
-    pub fn to_value(&self) -> serde_json::Value {
-        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
-    }
-
-    /// The id from a JSON value, when it is a valid MCP id.
-    pub fn from_value(v: &serde_json::Value) -> Option<RequestId> {
-        match v {
-            serde_json::Value::String(_) => Some(RequestId(v.to_string().into())),
-            serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => {
-                Some(RequestId(n.to_string().into()))
-            }
-            _ => None,
-        }
     }
 }
 
@@ -421,6 +359,51 @@ fn json_string(raw: &RawValue) -> Option<String> {
     serde_json::from_str::<String>(raw.get()).ok()
 }
 
+/// portico's own name and version, as `serverInfo`/`clientInfo` carry them.
+pub fn portico_info() -> serde_json::Value {
+    serde_json::json!({"name": "portico", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// The `server/discover` portico sends on its own account (the era probe, health checks): a
+/// well-formed 2026-07-28 request, harmless to a server of either era. The one builder of it.
+pub fn discover_probe(id: &str) -> bytes::Bytes {
+    let msg = serde_json::json!({"jsonrpc":"2.0","id":id,"method":"server/discover","params":{"_meta":{
+        meta::PROTOCOL_VERSION: LATEST_VERSION,
+        meta::CLIENT_CAPABILITIES: {},
+        meta::CLIENT_INFO: portico_info(),
+    }}});
+    bytes::Bytes::from(serde_json::to_vec(&msg).unwrap_or_default())
+}
+
+/// The HTTP headers of [`discover_probe`].
+pub fn discover_probe_headers() -> Vec<(http::HeaderName, http::HeaderValue)> {
+    use http::HeaderValue;
+    vec![
+        (
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ),
+        (
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        ),
+        (
+            header::names::PROTOCOL_VERSION,
+            HeaderValue::from_static(LATEST_VERSION),
+        ),
+        (
+            header::names::METHOD,
+            HeaderValue::from_static("server/discover"),
+        ),
+    ]
+}
+
+/// Whether a decoded message is a JSON-RPC response (the end of an answer) rather than a
+/// notification about the request.
+pub fn is_response(msg: &[u8]) -> bool {
+    matches!(parse_envelope(msg), Ok(e) if e.kind == Kind::Response)
+}
+
 /// Reads just the id of a message, for echoing it in an error built after the fact.
 pub fn sniff_id(body: &[u8]) -> Option<RequestId> {
     #[derive(Deserialize)]
@@ -515,27 +498,6 @@ pub fn content_type_is_json(ct: Option<&[u8]>) -> bool {
     let Some(ct) = ct else { return false };
     let media = ct.split(|b| *b == b';').next().unwrap_or(b"");
     media.trim_ascii().eq_ignore_ascii_case(b"application/json")
-}
-
-// === Building messages ===
-
-/// Serialises a JSON-RPC error response. `id` is echoed when known (it may be left out only when
-/// the request id could not be read).
-pub fn error_body(
-    id: Option<&RequestId>,
-    code: i64,
-    message: &str,
-    data: Option<&serde_json::Value>,
-) -> Vec<u8> {
-    let mut err = serde_json::json!({ "code": code, "message": message });
-    if let Some(d) = data {
-        err["data"] = d.clone();
-    }
-    let mut msg = serde_json::json!({ "jsonrpc": "2.0", "error": err });
-    if let Some(id) = id {
-        msg["id"] = id.to_value();
-    }
-    serde_json::to_vec(&msg).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::State;
 use crate::config;
 use crate::metrics::Metrics;
+use crate::state::State;
 
 /// How often the file is checked for changes.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);

@@ -1,29 +1,28 @@
 //! Keeping a failing backend from taking clients down with it: a per-backend circuit breaker,
-//! a retry budget for idempotent methods, a concurrency limit, and the active health probe.
+//! a retry budget for idempotent methods and a concurrency limit. (The active probe that feeds
+//! the breaker is part of the one health system, `health`.)
 //!
 //! Owns: the breaker state machine (closed → open after `breaker_failures` consecutive failures
 //! → after `breaker_open_ms` one probe request (half-open) → closed on success, open again on
-//! failure), the retry token budget, the per-backend semaphore, the probe task.
+//! failure), the retry token budget, the per-backend semaphore.
 //! Must not: build error responses (it returns `GatewayError`s) or know metric names (it holds
 //! gauges `metrics.rs` made).
-//! Called by: `proxy` around every upstream exchange; `State::build` starts the probe task.
+//! Called by: the per-backend step (`step`) around every upstream exchange; `health` reports
+//! its probes here.
 
-use prometheus::{IntCounter, IntGauge};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::BackendConfig;
 use crate::error::GatewayError;
+use crate::metrics::BackendMetrics;
 
 /// Retry budget in tenths of a retry: each success earns one tenth, each retry spends ten, up
 /// to `RETRY_BUDGET_MAX`. Retries can so never more than ~10 % amplify load once the first ten
 /// are used up.
 const RETRY_BUDGET_MAX: u64 = 100;
-
-/// How long one health probe may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the breaker gauge reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +51,6 @@ pub struct Resilience {
     budget: AtomicU64,
     limiter: Option<Arc<Semaphore>>,
     metrics: OnceLock<BackendMetrics>,
-}
-
-/// Metric handles for one backend (made by `metrics.rs`).
-pub struct BackendMetrics {
-    pub breaker_state: IntGauge,
-    pub retries: IntCounter,
-    pub up: IntGauge,
 }
 
 /// A request admitted to the backend; dropping it frees the concurrency slot.
@@ -208,7 +200,8 @@ impl Resilience {
         ok
     }
 
-    fn set_up(&self, up: bool) {
+    /// Mirrors the last active probe into `portico_backend_probe_up`.
+    pub fn set_up(&self, up: bool) {
         if let Some(m) = self.metrics.get() {
             m.up.set(i64::from(up));
         }
@@ -236,76 +229,6 @@ pub fn idempotent(method: &str) -> bool {
             | "resources/templates/list"
             | "resources/read"
     )
-}
-
-/// Starts the active health probe of an HTTP backend: `server/discover` every
-/// `health_interval_ms`. Any HTTP answer counts as alive (a legacy server refuses the method,
-/// but it is up); a transport failure counts against the breaker. Holds only a weak reference,
-/// so the task ends with its config generation.
-pub fn spawn_probe(backend: &Arc<crate::router::Backend>) {
-    let every = backend.cfg.health_interval_ms;
-    if every == 0 || !matches!(backend.upstream, crate::upstream::Upstream::Http(_)) {
-        return;
-    }
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let weak: Weak<crate::router::Backend> = Arc::downgrade(backend);
-    let every = Duration::from_millis(every);
-    rt.spawn(async move {
-        let body = bytes::Bytes::from(
-            serde_json::json!({
-                "jsonrpc": "2.0",
-                "id": "portico-health",
-                "method": "server/discover",
-                "params": {"_meta": {
-                    crate::protocol::meta::PROTOCOL_VERSION: crate::protocol::LATEST_VERSION,
-                    crate::protocol::meta::CLIENT_CAPABILITIES: {},
-                }},
-            })
-            .to_string(),
-        );
-        let headers = http::HeaderMap::new();
-        let mut extra = vec![
-            (
-                crate::protocol::header::names::PROTOCOL_VERSION,
-                http::HeaderValue::from_static(crate::protocol::LATEST_VERSION),
-            ),
-            (
-                crate::protocol::header::names::METHOD,
-                http::HeaderValue::from_static("server/discover"),
-            ),
-        ];
-        extra.push((
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        ));
-        extra.push((
-            http::header::ACCEPT,
-            http::HeaderValue::from_static("application/json, text/event-stream"),
-        ));
-        loop {
-            tokio::time::sleep(every).await;
-            let Some(b) = weak.upgrade() else { return };
-            let crate::upstream::Upstream::Http(up) = &b.upstream else {
-                return;
-            };
-            let req = up.request(&headers, &extra, body.clone());
-            let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT.min(b.timeout);
-            let ok = match up.exchange(req, deadline).await {
-                Ok(ex) => {
-                    // Read the answer so the connection goes back to the pool.
-                    use http_body_util::BodyExt;
-                    let (_, body) = up.relay(ex, deadline, bytes::Bytes::new());
-                    let _ = body.collect().await;
-                    true
-                }
-                Err(_) => false,
-            };
-            b.resilience.set_up(ok);
-            b.resilience.record(ok);
-        }
-    });
 }
 
 #[cfg(test)]

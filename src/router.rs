@@ -1,59 +1,23 @@
 //! The route table: config → which path serves which backend (or aggregated endpoint), and the
-//! per-backend runtime state. Built once per config generation (startup and every reload go
-//! through `RouteTable::build`).
+//! dispatch of a parsed request to a route ([`dispatch`]: a backend's per-backend step, or an
+//! endpoint's fan-out). Built once per config generation (startup and every reload go through
+//! `RouteTable::build`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use crate::aggregate::Endpoint;
-use http::{HeaderName, HeaderValue};
+use bytes::Bytes;
+use http::HeaderMap;
+use tokio::time::Instant;
 
-use crate::config::{BackendConfig, Config, Protocol};
-use crate::demo::Demo;
-use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
-
-/// What a backend has been found to speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// Not probed yet.
-    Unknown = 0,
-    Modern = 1,
-    Legacy = 2,
-}
-
-/// One configured backend.
-pub struct Backend {
-    pub name: Arc<str>,
-    pub cfg: BackendConfig,
-    pub upstream: Upstream,
-    /// Probe verdict, shared by every request (an atomic: read on the hot path, written rarely).
-    verdict: AtomicU8,
-    pub timeout: Duration,
-    /// Legacy-bridge state: probe lock and the upstream session.
-    pub bridge: crate::bridge::BridgeState,
-    /// Last health check, for `/readyz` and `portico_backend_up`.
-    pub health: crate::health::Health,
-    /// Breaker, retry budget, concurrency limit.
-    pub resilience: crate::resilience::Resilience,
-    /// `team_headers`, parsed: sent upstream (over `headers`) for callers of that team.
-    pub team_headers: HashMap<String, Vec<(HeaderName, HeaderValue)>>,
-}
-
-impl Backend {
-    pub fn verdict(&self) -> Verdict {
-        match self.verdict.load(Ordering::Relaxed) {
-            1 => Verdict::Modern,
-            2 => Verdict::Legacy,
-            _ => Verdict::Unknown,
-        }
-    }
-
-    pub fn set_verdict(&self, v: Verdict) {
-        self.verdict.store(v as u8, Ordering::Relaxed);
-    }
-}
+use crate::aggregate::{self, Endpoint};
+use crate::backend::Backend;
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::protocol::Envelope;
+use crate::step::{self, Core, Exposure, RequestCtx};
+use crate::upstream::Reply;
 
 /// What a path serves.
 #[derive(Clone)]
@@ -100,51 +64,10 @@ impl RouteTable {
         let mut routes = HashMap::new();
         let mut backends = HashMap::new();
         for cfg in &config.backends {
-            let err = |message: String| BuildError {
+            let backend = Arc::new(Backend::build(cfg).map_err(|message| BuildError {
                 backend: cfg.name.clone(),
                 message,
-            };
-            let (upstream, verdict) = if let Some(url) = &cfg.url {
-                let up = HttpUpstream::new(cfg, url).map_err(err)?;
-                let v = match cfg.protocol {
-                    Protocol::Modern => Verdict::Modern,
-                    Protocol::Legacy => Verdict::Legacy,
-                    Protocol::Auto => Verdict::Unknown,
-                };
-                (Upstream::Http(Arc::new(up)), v)
-            } else if let Some(cmd) = &cfg.command {
-                let up = StdioUpstream::new(cfg, cmd.clone());
-                let v = match cfg.protocol {
-                    Protocol::Modern => Verdict::Modern,
-                    Protocol::Legacy => Verdict::Legacy,
-                    Protocol::Auto => Verdict::Unknown,
-                };
-                (Upstream::Stdio(Arc::new(up)), v)
-            } else {
-                (Upstream::Builtin(Demo), Verdict::Modern)
-            };
-            let mut team_headers = HashMap::new();
-            for (team, headers) in &cfg.team_headers {
-                let mut parsed = Vec::with_capacity(headers.len());
-                for (k, v) in headers {
-                    let name =
-                        HeaderName::from_bytes(k.as_bytes()).map_err(|e| err(e.to_string()))?;
-                    let value = HeaderValue::from_str(v).map_err(|e| err(e.to_string()))?;
-                    parsed.push((name, value));
-                }
-                team_headers.insert(team.clone(), parsed);
-            }
-            let backend = Arc::new(Backend {
-                name: cfg.name.as_str().into(),
-                cfg: cfg.clone(),
-                upstream,
-                verdict: AtomicU8::new(verdict as u8),
-                timeout: Duration::from_millis(cfg.timeout_ms),
-                bridge: Default::default(),
-                health: Default::default(),
-                resilience: crate::resilience::Resilience::new(cfg),
-                team_headers,
-            });
+            })?);
             routes.insert(
                 format!("/mcp/{}", cfg.name),
                 Route::Backend(backend.clone()),
@@ -159,5 +82,29 @@ impl RouteTable {
             routes.insert(cfg.path.clone(), Route::Endpoint(Arc::new(ep)));
         }
         Ok(RouteTable { routes, backends })
+    }
+}
+
+/// A parsed request to a route: a backend's per-backend step, or an aggregated endpoint's
+/// dispatch (which takes the same step once per member involved).
+pub async fn dispatch(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    headers: &HeaderMap,
+    env: &Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    match route {
+        Route::Backend(b) => {
+            step::call(core, ctx, b, Exposure::DIRECT, headers, env, body, deadline).await
+        }
+        Route::Endpoint(ep) => {
+            Box::pin(aggregate::answer(
+                core, ctx, ep, headers, env, body, deadline,
+            ))
+            .await
+        }
     }
 }

@@ -1,12 +1,29 @@
-//! Incremental Server-Sent Events decoder for upstream answers: bytes in, one `data` payload per
-//! event out. Pure and bounded (an event larger than the limit is an error, not an OOM), so it is
-//! also a fuzz target.
+//! Server-Sent Events, both ways: [`sse_event`] encodes one JSON-RPC message as an event, and
+//! [`SseDecoder`] decodes upstream answers incrementally — bytes in, one `data` payload per event
+//! out. Pure and bounded (an event larger than the limit is an error, not an OOM), so the
+//! decoder is also a fuzz target.
 //!
 //! Only what MCP uses is kept: `data:` lines joined by `\n`; `event:`, `id:`, `retry:` and
 //! comment lines are read and dropped; an event with empty data (the 2025-11-25 priming event)
 //! yields nothing.
 
 use bytes::{Buf, Bytes, BytesMut};
+
+/// One SSE event carrying one JSON-RPC message.
+pub fn sse_event(message: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(message.len() + 24);
+    out.extend_from_slice(b"event: message\ndata: ");
+    // A JSON text from serde never holds a raw newline, but an upstream's might (pretty-printed);
+    // SSE needs each line prefixed.
+    for (i, line) in message.split(|b| *b == b'\n').enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b"\ndata: ");
+        }
+        out.extend_from_slice(line.strip_suffix(b"\r").unwrap_or(line));
+    }
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
 
 /// Default ceiling for one event.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;

@@ -46,9 +46,9 @@ use crate::error::GatewayError;
 use crate::frontend;
 use crate::metrics::Metrics;
 use crate::protocol::{self, EnvelopeError, Kind, LATEST_VERSION, RequestId, header as h};
+use crate::state::{StartError, State};
 use crate::upstream::http::is_event_stream;
 use crate::upstream::stdio::{Line, LineReader};
-use crate::{StartError, State};
 
 /// The backend name `portico stdio --url` gives the one upstream it synthesizes.
 pub const URL_BACKEND_NAME: &str = "upstream";
@@ -73,6 +73,10 @@ pub struct StdioOptions {
     pub endpoint: Option<String>,
     /// Longest stdin line accepted; `None` = `server.max_body_bytes`.
     pub max_line_bytes: Option<usize>,
+    /// The `Authorization` value the stdio client stands behind (`--token`): sent with every
+    /// line's in-process request, so `[auth]`, team policies, `allow_teams` and rate limits
+    /// apply to a stdio client exactly as to an HTTP one. Checked once at start.
+    pub authorization: Option<String>,
 }
 
 /// Why the stdio front end could not start.
@@ -131,10 +135,12 @@ where
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
     let state = Arc::new(State::build(config, Arc::new(Metrics::new()))?);
     let path = endpoint_path(&state, opts.endpoint.as_deref())?;
+    let caller = caller(&state, &path, opts.authorization.as_deref())?;
     tracing::info!(endpoint = %path, max_line, "portico stdio: serving");
     serve_stdio(
         state.clone(),
         path,
+        caller,
         max_line,
         drain,
         reader,
@@ -144,6 +150,35 @@ where
     .await;
     state.shutdown().await;
     Ok(())
+}
+
+/// Who the stdio client is: its credential, authenticated once against `[auth]` (a refused one
+/// stops the start, naming why), and the principal its legacy session is bound to.
+#[derive(Clone, Default)]
+pub struct Caller {
+    authorization: Option<HeaderValue>,
+    principal: Option<String>,
+}
+
+fn caller(state: &State, path: &str, authorization: Option<&str>) -> Result<Caller, StdioError> {
+    let mut headers = HeaderMap::new();
+    let value = match authorization {
+        Some(a) => Some(HeaderValue::from_str(a).map_err(|_| {
+            StdioError::Endpoint("the credential is not a valid header value".into())
+        })?),
+        None => None,
+    };
+    if let Some(v) = &value {
+        headers.insert(header::AUTHORIZATION, v.clone());
+    }
+    let principal = state
+        .auth
+        .authenticate(&headers, path)
+        .map_err(|e| StdioError::Endpoint(format!("portico stdio: {e}")))?;
+    Ok(Caller {
+        authorization: value,
+        principal: principal.map(|p| p.id.clone()),
+    })
 }
 
 /// 32 random bytes as hex, or `None` (then `session` makes its own, with a warning).
@@ -222,9 +257,11 @@ impl InFlight {
 
 /// Serves `path` of `state` over newline-delimited JSON-RPC until EOF or `shutdown`, then lets
 /// in-flight requests finish for up to `drain` and flushes `writer`.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_stdio<R, W>(
     state: Arc<State>,
     path: String,
+    caller: Caller,
     max_line: usize,
     drain: Duration,
     reader: R,
@@ -264,6 +301,7 @@ pub async fn serve_stdio<R, W>(
                         tasks: &mut tasks,
                         inflight: &mut inflight,
                         session: &mut session,
+                        caller: &caller,
                     };
                     // Usually quick (parse, spawn); `initialize` waits for the backend, and a
                     // signal must not wait for it.
@@ -323,6 +361,7 @@ struct LineCtx<'a> {
     tasks: &'a mut JoinSet<()>,
     inflight: &'a mut InFlight,
     session: &'a mut Option<LegacyClient>,
+    caller: &'a Caller,
 }
 
 impl LineCtx<'_> {
@@ -351,11 +390,14 @@ impl LineCtx<'_> {
         let id = env.id.clone();
         if answers && env.method == "initialize" {
             // Inline: the session must exist before the answer reaches the client.
-            let req = request(self.path, &env, body, None);
+            let req = request(self.path, &env, body, None, self.caller);
             let resp = crate::proxy::handle(self.state.clone(), req).await;
             if let Some(sid) = resp.headers().get(h::SESSION_ID)
                 && let Ok(text) = sid.to_str()
-                && let Some(data) = self.state.sessions.open(text, self.path, None)
+                && let Some(data) =
+                    self.state
+                        .sessions
+                        .open(text, self.path, self.caller.principal.as_deref())
                 && let Ok(version) = HeaderValue::from_str(&data.v)
             {
                 *self.session = Some(LegacyClient {
@@ -377,7 +419,7 @@ impl LineCtx<'_> {
             let _ = self.out.send(Bytes::from(err.to_message(Some(rid)))).await;
             return;
         }
-        let req = request(self.path, &env, body, self.session.as_ref());
+        let req = request(self.path, &env, body, self.session.as_ref(), self.caller);
         let state = self.state.clone();
         let out = self.out.clone();
         let task_id = id.clone();
@@ -412,8 +454,12 @@ fn request(
     env: &protocol::Envelope,
     body: Bytes,
     session: Option<&LegacyClient>,
+    caller: &Caller,
 ) -> Request<Full<Bytes>> {
-    let mut headers = HeaderMap::with_capacity(6);
+    let mut headers = HeaderMap::with_capacity(7);
+    if let Some(a) = &caller.authorization {
+        headers.insert(header::AUTHORIZATION, a.clone());
+    }
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -539,7 +585,7 @@ async fn emit(msg: &[u8], out: &mpsc::Sender<Bytes>) -> bool {
         }
         Bytes::copy_from_slice(trimmed)
     };
-    let is_response = crate::proxy::is_response(&line);
+    let is_response = crate::protocol::is_response(&line);
     let _ = out.send(line).await;
     is_response
 }
@@ -618,7 +664,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"caf\u00e9","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
         );
         let env = protocol::parse_envelope(&body).unwrap();
-        let req = request("/mcp/x", &env, body.clone(), None);
+        let req = request("/mcp/x", &env, body.clone(), None, &Caller::default());
         let hd = req.headers();
         assert_eq!(hd[h::PROTOCOL_VERSION], "2026-07-28");
         assert_eq!(hd[h::METHOD], "tools/call");
@@ -631,7 +677,7 @@ mod tests {
             session_id: HeaderValue::from_static("p1.abc"),
             version: HeaderValue::from_static("2025-06-18"),
         };
-        let req = request("/mcp/x", &env, body, Some(&s));
+        let req = request("/mcp/x", &env, body, Some(&s), &Caller::default());
         assert_eq!(req.headers()[h::SESSION_ID], "p1.abc");
         assert_eq!(req.headers()[h::PROTOCOL_VERSION], "2025-06-18");
         assert!(req.headers().get(h::METHOD).is_none());

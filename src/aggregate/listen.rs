@@ -13,7 +13,7 @@
 //!    the client goes away the response body is dropped, and with it every upstream stream.
 //!
 //! Where the notifications come from, by member kind:
-//! - modern HTTP (and the built-in): a `subscriptions/listen` request through `proxy::answer`,
+//! - modern HTTP (and the built-in): a `subscriptions/listen` request through the per-backend step,
 //!   whose answer stream carries them;
 //! - stdio (either era): the child's notification broadcast (`StdioUpstream::subscribe`); a
 //!   modern child also gets the listen request, so it knows to send them;
@@ -31,11 +31,11 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 
 use super::{Req, part_headers};
+use crate::backend::Verdict;
 use crate::bridge;
 use crate::error::GatewayError;
 use crate::protocol::{self, meta};
-use crate::proxy;
-use crate::router::Verdict;
+use crate::step;
 use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError, http::async_stream};
 
 /// How long an upstream listen stream may stay open: long-lived by design, but not unbounded.
@@ -66,6 +66,10 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
     let agreed = Value::Object(agreed);
     let mut sources = Vec::new();
     for i in 0..ep.members.len() {
+        // A member the caller's team may not use is not listened to for it.
+        if step::may_use(&req.ctx, &ep.members[i].backend).is_err() {
+            continue;
+        }
         match open(req, i, &agreed).await {
             Ok(Some(s)) => sources.push(s),
             Ok(None) => {
@@ -75,7 +79,7 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
             Err(error) => {
                 tracing::warn!(endpoint = %ep.path, backend = %ep.namings[i].backend, %error,
                     "could not open the member's listen stream");
-                req.state
+                req.core
                     .metrics
                     .aggregate_omitted(&ep.path, &ep.namings[i].backend);
             }
@@ -156,7 +160,7 @@ async fn open(
         Upstream::Http(_) if verdict == Verdict::Legacy => {
             // Subscribe first, then make sure the GET stream is (being) opened.
             let rx = b.bridge.subscribe();
-            req.state.watchers.ensure(b, &req.state.cache);
+            req.core.watchers.ensure(b, &req.core.cache);
             Some(rx)
         }
         _ => None,
@@ -171,7 +175,7 @@ async fn open(
             // On stdio the acknowledgement and the notifications are not tied to the request
             // (they arrive through the broadcast), so the call would not return before the
             // stream ends: it is driven inside the stream instead, and only keeps the child's
-            // subscription open. Not cacheable, so nothing is lost by skipping `proxy::answer`.
+            // subscription open. Not cacheable; admission was checked when the stream opened.
             let s = s.clone();
             let hold = futures_util::stream::once(async move {
                 if let Ok(Reply {
@@ -188,8 +192,11 @@ async fn open(
             let env = protocol::parse_envelope(&body).map_err(crate::frontend::envelope_error)?;
             let headers = part_headers(req.headers);
             let mut ctx = req.ctx.clone();
-            let reply =
-                proxy::answer(req.state, &mut ctx, b, &headers, &env, body, deadline).await?;
+            let exposure = req.ep.exposure(member);
+            let reply = step::call(
+                req.core, &mut ctx, b, exposure, &headers, &env, body, deadline,
+            )
+            .await?;
             if reply.status.is_client_error() || reply.status.is_server_error() {
                 return Err(GatewayError::BackendFailed {
                     backend: b.name.to_string(),

@@ -1,10 +1,13 @@
 //! Aggregated endpoints: several backends served as one MCP server (`[[endpoints]]`).
 //!
 //! Who calls it: `proxy::handle_inner` sends a modern request on an endpoint path to [`serve`];
-//! `legacy::serve` reaches [`answer`] through `proxy::dispatch` after translating an
-//! initialize-era request. Every request to a member goes through `proxy::answer`, the one
-//! per-backend dispatch (bridge, stdio, cache), as a well-formed 2026-07-28 request of its own,
-//! so aggregation works over every backend kind and each part is cached on its own.
+//! `legacy::serve` reaches [`answer`] through `router::dispatch` after translating an
+//! initialize-era request. Aggregation is a dispatcher: every request to a member takes the
+//! per-backend step (`step::step`) as a well-formed 2026-07-28 request of its own, with the
+//! member's [`Exposure`] so team policies judge the prefixed names clients see. So a member
+//! keeps its `allow_teams`, concurrency limit and breaker behind the endpoint, aggregation works
+//! over every backend kind, and each part is cached on its own. A member the caller's team may
+//! not use is left out of lists (not counted as a failure) and refused for calls.
 //!
 //! What an endpoint does, by method:
 //! - `server/discover`: one answer — the versions portico serves, the union of the members'
@@ -27,7 +30,7 @@
 
 pub mod cursor;
 mod listen;
-pub mod merge;
+
 
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
@@ -37,16 +40,15 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
-use crate::State;
-use crate::body::Body;
+use crate::backend::Backend;
+use crate::body::{Body, render};
 use crate::config::{EndpointBackend, EndpointConfig, FailureMode};
 use crate::error::GatewayError;
 use crate::frontend::{self, Head};
 use crate::protocol::{self, Envelope, Kind, SUPPORTED_VERSIONS, code, header as h, meta};
-use crate::proxy::{self, RequestCtx};
-use crate::router::Backend;
-use crate::upstream::{MessageStream, Reply};
-use merge::{ListKind, Naming, PartPage};
+use crate::step::{self, Core, Exposure, RequestCtx};
+use crate::upstream::Reply;
+use crate::merge::{self, ListKind, Naming, PartPage};
 
 /// Entries the name and URI indexes hold at most per endpoint; a member listing more than this
 /// still works for prefixed names, the rest fall back to re-walking the lists.
@@ -106,14 +108,12 @@ impl Endpoint {
                 EndpointBackend::Name(n) => Naming {
                     backend: n.clone(),
                     prefix: n.clone(),
-                    allow: vec![],
-                    deny: vec![],
+                    tools: Default::default(),
                 },
                 EndpointBackend::Detailed(d) => Naming {
                     backend: d.name.clone(),
                     prefix: d.prefix.clone().unwrap_or_else(|| d.name.clone()),
-                    allow: d.tools.allow.clone(),
-                    deny: d.tools.deny.clone(),
+                    tools: d.tools.clone(),
                 },
             };
             scope.push(0);
@@ -156,6 +156,11 @@ impl Endpoint {
         }
         let i = *self.index().names.get(&(kind, exposed.to_string()))?;
         Some((i, exposed.to_string()))
+    }
+
+    /// How member `i`'s names appear on this endpoint (what team policies judge).
+    fn exposure(&self, i: usize) -> Exposure<'_> {
+        Exposure::member(&self.namings[i].prefix, &self.separator)
     }
 
     fn has_bare_member(&self) -> bool {
@@ -230,7 +235,7 @@ impl Endpoint {
 /// pass-through: portico acts on every message (fan-out, renaming, routing), so the body is
 /// always parsed and the mirrored headers always checked against it.
 pub async fn serve(
-    state: &State,
+    core: &Core,
     ctx: &mut RequestCtx,
     ep: &Arc<Endpoint>,
     headers: &HeaderMap,
@@ -246,8 +251,8 @@ pub async fn serve(
     }
     frontend::verify_modern(&head, &mh, &env)?;
     let deadline = Instant::now() + ep.timeout;
-    let reply = answer(state, ctx, ep, headers, &env, body, deadline).await?;
-    Ok(proxy::render_as(
+    let reply = answer(core, ctx, ep, headers, &env, body, deadline).await?;
+    Ok(render(
         reply,
         env.id.as_ref(),
         &ep.path,
@@ -259,7 +264,7 @@ pub async fn serve(
 /// The endpoint's dispatch: one `match` on the method. Returns decoded messages, like
 /// `proxy::answer` does for one backend.
 pub async fn answer(
-    state: &State,
+    core: &Core,
     ctx: &mut RequestCtx,
     ep: &Arc<Endpoint>,
     headers: &HeaderMap,
@@ -270,13 +275,7 @@ pub async fn answer(
     match env.kind {
         // Client notifications concern no member in particular (the core protocol defines none
         // over HTTP); accepted and dropped.
-        Kind::Notification => {
-            return Ok(Reply {
-                status: StatusCode::ACCEPTED,
-                headers: HeaderMap::new(),
-                messages: MessageStream::Empty,
-            });
-        }
+        Kind::Notification => return Ok(Reply::accepted()),
         Kind::Response => {
             return Err(GatewayError::InvalidRequest(
                 "clients do not send responses in 2026-07-28".into(),
@@ -284,10 +283,12 @@ pub async fn answer(
         }
         Kind::Request => {}
     }
+    // Charged once here, so the fan-out does not charge per member.
+    step::charge(core, ctx)?;
     let client: Value =
         serde_json::from_slice(&body).map_err(|e| GatewayError::Parse(e.to_string()))?;
     let req = Req {
-        state,
+        core,
         ctx: ctx.clone(),
         ep,
         headers,
@@ -310,7 +311,7 @@ pub async fn answer(
 
 /// One client request on an endpoint, as the helpers below need it.
 struct Req<'a> {
-    state: &'a State,
+    core: &'a Core,
     /// A copy of the request's context for the parts (which run concurrently); routed calls
     /// use the request's own.
     ctx: RequestCtx,
@@ -348,8 +349,8 @@ impl Req<'_> {
     }
 }
 
-/// The client's headers minus the mirrors of the client's message: `proxy::answer` sets the
-/// mirrors of the part's own message (e.g. the stripped `Mcp-Name`).
+/// The client's headers minus the mirrors of the client's message: the step sets the mirrors
+/// of the part's own message (e.g. the stripped `Mcp-Name`).
 fn part_headers(headers: &HeaderMap) -> HeaderMap {
     let mut out = headers.clone();
     out.remove(h::NAME);
@@ -365,7 +366,7 @@ enum Part {
     Error(Value),
 }
 
-/// Sends one request to one member through `proxy::answer` and reads its response, all
+/// Sends one request to one member through the per-backend step and reads its response, all
 /// within the member's own timeout.
 async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Result<Part, GatewayError> {
     let b = &req.ep.members[member].backend;
@@ -374,9 +375,13 @@ async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Result<Part, Gateway
     let headers = part_headers(req.headers);
     // Each part gets its own copy of the context: parts run concurrently.
     let mut ctx = req.ctx.clone();
+    let exposure = req.ep.exposure(member);
     let work = async {
-        let reply = proxy::answer(req.state, &mut ctx, b, &headers, &env, body, deadline).await?;
-        proxy::final_response(reply, &b.name, b.cfg.timeout_ms).await
+        let reply = step::call(
+            req.core, &mut ctx, b, exposure, &headers, &env, body, deadline,
+        )
+        .await?;
+        reply.final_response(&b.name, b.cfg.timeout_ms).await
     };
     let msg = tokio::time::timeout_at(deadline, work)
         .await
@@ -409,6 +414,11 @@ async fn fan_out(
     targets: Vec<(usize, Map<String, Value>)>,
 ) -> Result<(Vec<(usize, Map<String, Value>)>, bool), GatewayError> {
     let ep = req.ep;
+    // Members the caller's team may not use are not asked, and their absence is no failure.
+    let targets: Vec<_> = targets
+        .into_iter()
+        .filter(|(i, _)| step::may_use(&req.ctx, &ep.members[*i].backend).is_ok())
+        .collect();
     let calls = targets.into_iter().map(|(i, params)| {
         let body = req.part_body(method, params);
         async move { (i, part(req, i, body).await) }
@@ -440,7 +450,7 @@ async fn fan_out(
             FailureMode::Open => {
                 tracing::warn!(endpoint = %ep.path, backend = %backend, method, error = %failure,
                     "member left out of the aggregated answer");
-                req.state.metrics.aggregate_omitted(&ep.path, backend);
+                req.core.metrics.aggregate_omitted(&ep.path, backend);
                 degraded = true;
             }
         }
@@ -494,7 +504,7 @@ async fn list(req: &Req<'_>, kind: ListKind) -> Result<Reply, GatewayError> {
         Some(raw) => {
             let invalid = || GatewayError::InvalidParams("invalid cursor".into());
             let text: String = serde_json::from_str(raw).map_err(|_| invalid())?;
-            let key = &req.state.sessions.cursor_key;
+            let key = &req.core.sessions.cursor_key;
             let pending = cursor::open(key, &ep.cursor_scope, kind.method(), &text)
                 .filter(|p| p.parts.iter().all(|(i, _)| *i < ep.members.len()))
                 .ok_or_else(invalid)?;
@@ -522,7 +532,7 @@ async fn list(req: &Req<'_>, kind: ListKind) -> Result<Reply, GatewayError> {
         r.insert(
             "nextCursor".into(),
             json!(cursor::seal(
-                &req.state.sessions.cursor_key,
+                &req.core.sessions.cursor_key,
                 &ep.cursor_scope,
                 &pending
             )),
@@ -633,7 +643,8 @@ async fn forward(
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
     let headers = part_headers(req.headers);
     let deadline = deadline.min(Instant::now() + b.timeout);
-    proxy::answer(req.state, ctx, b, &headers, &env, body, deadline).await
+    let exposure = req.ep.exposure(member);
+    step::call(req.core, ctx, b, exposure, &headers, &env, body, deadline).await
 }
 
 /// Finds the member serving a resource URI (see the module doc for the fallback order).

@@ -45,87 +45,19 @@ pub use session::{close, session};
 use session::{forget_session, on_session_error, session_or_modern};
 use translate::{CancelGuard, Mapping, scope_str, to_legacy, translate};
 
-use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
+use crate::backend::{Backend, LegacySession};
 use crate::error::GatewayError;
 use crate::protocol::{RequestId, SUPPORTED_VERSIONS, header as h, meta};
-use crate::router::Backend;
 use crate::upstream::stdio::CallOptions;
 use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
-
-/// Session-wide notifications buffered per subscriber of [`BridgeState::subscribe`].
-const NOTES_QUEUE: usize = 64;
-
-/// Per-backend bridge state.
-pub struct BridgeState {
-    /// One probe at a time per backend.
-    probe_lock: tokio::sync::Mutex<()>,
-    /// The upstream legacy session, once initialized.
-    session: ArcSwapOption<LegacySession>,
-    /// One `initialize` at a time per backend.
-    init_lock: tokio::sync::Mutex<()>,
-    /// Gateway-unique request ids and progress tokens within the upstream session.
-    next_id: AtomicU64,
-    /// Session-wide messages of an HTTP legacy session (its standalone GET stream, read by
-    /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
-    /// One GET stream per session serves both (servers may allow only one).
-    notes: tokio::sync::broadcast::Sender<Bytes>,
-}
-
-impl Default for BridgeState {
-    fn default() -> Self {
-        BridgeState {
-            probe_lock: Default::default(),
-            session: Default::default(),
-            init_lock: Default::default(),
-            next_id: Default::default(),
-            notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
-        }
-    }
-}
-
-impl BridgeState {
-    /// Publishes one session-wide message from the upstream GET stream (cheap without
-    /// subscribers).
-    pub fn publish(&self, message: &Bytes) {
-        if self.notes.receiver_count() > 0 {
-            let _ = self.notes.send(message.clone());
-        }
-    }
-
-    /// Session-wide messages of the upstream legacy session from now on (see `publish`).
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Bytes> {
-        self.notes.subscribe()
-    }
-
-    /// Whether an upstream legacy session is open (for the metrics gauge).
-    pub fn has_session(&self) -> bool {
-        self.session.load().is_some()
-    }
-}
-
-/// An initialized upstream session.
-pub struct LegacySession {
-    /// `Mcp-Session-Id`, when the server issued one (stateless servers don't).
-    pub id: Option<HeaderValue>,
-    /// The negotiated revision, sent as `MCP-Protocol-Version` on every later request.
-    pub version: HeaderValue,
-    /// The server's `InitializeResult` (capabilities, serverInfo, instructions).
-    pub init: Value,
-    /// stdio child generation the session belongs to (0 for HTTP).
-    pub generation: u64,
-}
-
-fn portico_info() -> Value {
-    json!({"name": "portico", "version": env!("CARGO_PKG_VERSION")})
-}
 
 fn hv(s: &'static str) -> HeaderValue {
     HeaderValue::from_static(s)
@@ -151,7 +83,7 @@ async fn collect(reply: Reply) -> Result<Vec<Bytes>, UpstreamError> {
             let mut out = Vec::new();
             while let Some(m) = s.next().await {
                 let m = m?;
-                let done = crate::proxy::is_response(&m);
+                let done = crate::protocol::is_response(&m);
                 out.push(m);
                 if done {
                     break;

@@ -4,13 +4,14 @@
 
 use bytes::Bytes;
 use http::HeaderMap;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{base_headers, collect, hv, portico_info, upstream_err};
+use super::{collect, upstream_err};
+use crate::backend::{Backend, Verdict};
 use crate::error::GatewayError;
-use crate::protocol::{LATEST_VERSION, LEGACY_VERSIONS, code, header as h, meta};
-use crate::router::{Backend, Verdict};
+use crate::protocol::{LATEST_VERSION, LEGACY_VERSIONS, code};
+use crate::protocol::{discover_probe, discover_probe_headers};
 use crate::upstream::{Upstream, UpstreamError};
 
 /// What a probe answer says about the server.
@@ -96,18 +97,6 @@ pub fn initialize_refusal_is_modern(error: &Value) -> bool {
     })
 }
 
-/// The probe request portico sends.
-pub(super) fn probe_body() -> Bytes {
-    Bytes::from(
-        json!({"jsonrpc":"2.0","id":"portico-probe","method":"server/discover","params":{"_meta":{
-            meta::PROTOCOL_VERSION: LATEST_VERSION,
-            meta::CLIENT_CAPABILITIES: {},
-            meta::CLIENT_INFO: portico_info(),
-        }}})
-        .to_string(),
-    )
-}
-
 /// Makes sure the backend's era is known, probing it if needed.
 pub async fn ensure_verdict(b: &Backend) -> Result<Verdict, GatewayError> {
     let v = b.verdict();
@@ -127,10 +116,11 @@ async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
     }
     let class = match &b.upstream {
         Upstream::Http(up) => {
-            let mut extra = base_headers();
-            extra.push((h::names::PROTOCOL_VERSION, hv(LATEST_VERSION)));
-            extra.push((h::names::METHOD, hv("server/discover")));
-            let req = up.request(&HeaderMap::new(), &extra, probe_body());
+            let req = up.request(
+                &HeaderMap::new(),
+                &discover_probe_headers(),
+                discover_probe("portico-probe"),
+            );
             let reply = up
                 .call(req, Instant::now() + b.timeout)
                 .await
@@ -144,7 +134,10 @@ async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
                 Instant::now() + std::time::Duration::from_millis(b.cfg.probe_timeout_ms);
             // `request`, not `call`: a silent legacy server must not receive
             // `notifications/cancelled` for the probe before its `initialize`.
-            match s.request(probe_body(), probe_deadline).await {
+            match s
+                .request(discover_probe("portico-probe"), probe_deadline)
+                .await
+            {
                 Ok(reply) => match collect(reply).await {
                     Ok(messages) => classify_stdio(Some(&messages)),
                     Err(UpstreamError::Timeout) => classify_stdio(None),
@@ -184,6 +177,7 @@ pub fn reprobe(b: &Backend, why: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn msgs(s: &[&str]) -> Vec<Bytes> {
         s.iter().map(|m| Bytes::from(m.to_string())).collect()

@@ -11,10 +11,12 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::probe::{ensure_verdict, initialize_refusal_is_modern, response_of};
-use super::{Bridged, LegacySession, base_headers, collect, portico_info, upstream_err};
+use super::{Bridged, base_headers, collect, upstream_err};
+use crate::backend::LegacySession;
+use crate::backend::{Backend, Verdict};
 use crate::error::GatewayError;
+use crate::protocol::portico_info;
 use crate::protocol::{LEGACY_VERSIONS, header as h};
-use crate::router::{Backend, Verdict};
 use crate::upstream::stdio::{CallOptions, StdioUpstream};
 use crate::upstream::{Reply, Upstream, UpstreamError};
 

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 
-use super::{LegacySession, send_raw};
+use super::send_raw;
+use crate::backend::Backend;
+use crate::backend::LegacySession;
 use crate::config::CacheScope;
 use crate::error::GatewayError;
 use crate::protocol::{RequestId, code, is_cacheable_method, meta, status_for_code};
-use crate::router::Backend;
 use crate::upstream::{MessageStream, Reply, UpstreamError};
 
 pub(super) fn scope_str(s: CacheScope) -> &'static str {
@@ -284,7 +285,7 @@ impl Stream for Guarded {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let item = self.inner.as_mut().poll_next(cx);
         match &item {
-            Poll::Ready(Some(Ok(msg))) if crate::proxy::is_response(msg) => {
+            Poll::Ready(Some(Ok(msg))) if crate::protocol::is_response(msg) => {
                 self.guard.armed = false
             }
             Poll::Ready(None) => self.guard.armed = false,

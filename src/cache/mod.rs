@@ -56,40 +56,7 @@ use entry::EntryExpiry;
 
 // === Counters ===
 
-/// Counter values at one moment, for the metrics layer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// Answered from a fresh entry.
-    pub hits: u64,
-    /// Led an upstream fetch.
-    pub misses: u64,
-    /// Answered by another caller's concurrent fetch (single flight).
-    pub coalesced: u64,
-    /// Answered from an expired entry because the re-fetch failed.
-    pub stale: u64,
-    /// Not eligible at all (cache disabled, retry, non-cacheable method).
-    pub bypassed: u64,
-    pub inserts: u64,
-    /// Removed to stay within `max_bytes` (including entries refused on admission).
-    pub evictions: u64,
-    /// Entries and bytes held. They settle after moka's maintenance runs, so they may briefly
-    /// count an entry that is already expired or invalidated.
-    pub entries: u64,
-    pub bytes: u64,
-    /// Shared tier (`redis_url`): local misses answered from Redis.
-    pub redis_hits: u64,
-    /// Shared tier: Redis answered, but had nothing usable (absent, invalidated, expired).
-    pub redis_misses: u64,
-    /// Shared tier: records written.
-    pub redis_writes: u64,
-    /// Shared tier: calls that failed or overran `redis_timeout_ms` (each one was answered
-    /// without Redis).
-    pub redis_errors: u64,
-    /// Invalidations this replica announced to the others.
-    pub redis_published: u64,
-    /// Invalidations received from other replicas and applied to the local tier.
-    pub redis_received: u64,
-}
+pub use crate::metrics::CacheStats;
 
 #[derive(Default)]
 struct Counters {

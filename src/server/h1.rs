@@ -38,9 +38,9 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
 use super::PeerAddr;
-use crate::State;
 use crate::body::Body;
 use crate::protocol::{code, error_body};
+use crate::state::State;
 use crate::upstream::h1::{HeaderSpots, has_token, name_is, parse_length, push_decimal};
 
 /// Header fields per request head (parsed on the stack); more is refused with 431.
@@ -513,7 +513,7 @@ enum Fill {
 }
 
 enum Step {
-    Frame(Option<Result<http_body::Frame<Bytes>, crate::body::BodyError>>),
+    Frame(Option<Result<http_body::Frame<Bytes>, crate::error::BodyError>>),
     Flush,
     PeerLeft,
 }

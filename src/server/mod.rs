@@ -11,18 +11,15 @@ use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use crate::State;
 use crate::config::ServerConfig;
-
-/// The client's socket address, attached to every request (admin endpoints are loopback-only).
-#[derive(Debug, Clone, Copy)]
-pub struct PeerAddr(pub std::net::SocketAddr);
+pub use crate::frontend::PeerAddr;
+use crate::state::State;
 
 /// How long a TLS handshake may take.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,31 +45,6 @@ pub fn tls_acceptor(cfg: &ServerConfig) -> Result<Option<TlsAcceptor>, String> {
         .map_err(|e| format!("server.tls_cert: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Some(TlsAcceptor::from(Arc::new(config))))
-}
-
-/// Client connections open in this process, on every listener, TLS or not.
-static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether at most one client connection is open: then no other client's request can be
-/// waiting behind the current one, and the upstream path may favour its latency over batching.
-pub fn lone_connection() -> bool {
-    OPEN_CONNECTIONS.load(Ordering::Relaxed) <= 1
-}
-
-/// Counts one client connection for as long as it lives.
-struct OpenConnection;
-
-impl OpenConnection {
-    fn new() -> OpenConnection {
-        OPEN_CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-        OpenConnection
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        OPEN_CONNECTIONS.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Serves the client listener until `shutdown` resolves, then drains.
@@ -118,7 +90,7 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let open = OpenConnection::new();
+        let open = crate::metrics::OpenConnection::new();
         let shared = shared.clone();
         let builder = builder.clone();
         let mut stop = stop_rx.clone();

@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use super::UpstreamError;
-use crate::body::BodyError;
+use crate::error::BodyError;
 
 /// Largest answer head we accept.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -269,7 +269,7 @@ pub async fn exchange(
     // Only for a lone client: with others connected, answering this request at once would
     // leave the next one alone too, and the backend would be woken once per request instead
     // of once per batch (measured: 3x the context switches at 16 connections).
-    if alone && crate::server::lone_connection() {
+    if alone && crate::metrics::lone_connection() {
         conn.read_now();
     }
     let head = match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_head(cx))).await {

@@ -28,9 +28,10 @@ use tokio::time::{Instant, Sleep};
 
 use super::h1::{self, H1Body};
 use super::{MessageStream, Reply, UpstreamError};
-use crate::body::{BodyError, sse_event};
 use crate::config::BackendConfig;
+use crate::error::BodyError;
 use crate::protocol::sniff_id;
+use crate::sse::sse_event;
 use crate::sse::{DEFAULT_MAX_EVENT_BYTES, SseDecoder};
 
 /// A live connection to the backend.

@@ -11,17 +11,21 @@
 //! Upstreams never see the client's `http::Request`: only the message, and the client's headers
 //! filtered through `frontend::forwardable`.
 
+pub mod demo;
 pub mod h1;
 pub mod http;
 pub mod stdio;
 
 use ::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use bytes::Bytes;
+use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use crate::demo::Demo;
+use crate::error::GatewayError;
+use crate::protocol;
+use demo::Demo;
 
 /// Why an upstream exchange failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -74,6 +78,83 @@ impl Reply {
             status,
             headers: HeaderMap::new(),
             messages: MessageStream::One(message.into()),
+        }
+    }
+
+    /// A notification accepted (202, nothing to say).
+    pub fn accepted() -> Reply {
+        Reply {
+            status: StatusCode::ACCEPTED,
+            headers: HeaderMap::new(),
+            messages: MessageStream::Empty,
+        }
+    }
+
+    /// The JSON-RPC response of this reply, skipping notifications sent before it (a cached
+    /// answer, an aggregated part or portico's own discover is one message; progress about it
+    /// has no one to go to). `name` and `timeout_ms` describe the route, for the errors.
+    pub async fn final_message(self, name: &str, timeout_ms: u64) -> Result<Bytes, GatewayError> {
+        let failed = |detail: &str| GatewayError::BackendFailed {
+            backend: name.to_string(),
+            detail: detail.to_string(),
+        };
+        match self.messages {
+            MessageStream::One(m) => Ok(m),
+            MessageStream::Empty => Err(failed("no answer to a request")),
+            MessageStream::Many(mut stream) => {
+                while let Some(item) = stream.next().await {
+                    let msg =
+                        item.map_err(|e| GatewayError::from_upstream(name, timeout_ms, &e))?;
+                    if protocol::is_response(&msg) {
+                        return Ok(msg);
+                    }
+                }
+                Err(failed("the answer stream ended without a response"))
+            }
+        }
+    }
+
+    /// [`Reply::final_message`], decoded; a message that is neither a result nor an error is
+    /// the backend's fault.
+    pub async fn final_response(
+        self,
+        name: &str,
+        timeout_ms: u64,
+    ) -> Result<serde_json::Value, GatewayError> {
+        let msg = self.final_message(name, timeout_ms).await?;
+        serde_json::from_slice::<serde_json::Value>(&msg)
+            .ok()
+            .filter(|v| v.get("result").is_some() || v.get("error").is_some())
+            .ok_or_else(|| GatewayError::BackendFailed {
+                backend: name.to_string(),
+                detail: "the answer holds neither a result nor an error".into(),
+            })
+    }
+}
+
+impl GatewayError {
+    /// Turns an upstream failure into the client-facing error, naming the backend but never
+    /// the internals (addresses, OS error text).
+    pub fn from_upstream(backend: &str, timeout_ms: u64, e: &UpstreamError) -> GatewayError {
+        match e {
+            UpstreamError::Connect(_) => GatewayError::BackendUnreachable {
+                backend: backend.to_string(),
+            },
+            UpstreamError::Timeout => GatewayError::BackendTimeout {
+                backend: backend.to_string(),
+                timeout_ms,
+            },
+            UpstreamError::Overloaded => GatewayError::Overloaded {
+                backend: backend.to_string(),
+            },
+            UpstreamError::Closed(d) | UpstreamError::Protocol(d) => GatewayError::BackendFailed {
+                backend: backend.to_string(),
+                detail: d.clone(),
+            },
+            UpstreamError::Restarted => GatewayError::BackendFailed {
+                backend: backend.to_string(),
+                detail: e.to_string(),
+            },
         }
     }
 }

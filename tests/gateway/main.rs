@@ -9,6 +9,7 @@ mod cli;
 mod common;
 mod core;
 mod interop;
+mod layers;
 mod legacy;
 mod observe;
 mod redis;

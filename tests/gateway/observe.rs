@@ -472,7 +472,7 @@ async fn cache_counters_are_read_from_the_cache_at_scrape_time() {
         assert_eq!(served.status, 200);
     }
     state.cache.run_pending_tasks().await;
-    let s = parse_scrape(&String::from_utf8(state.metrics.render(&state)).unwrap());
+    let s = parse_scrape(&String::from_utf8(state.metrics.render(&state.mirrors())).unwrap());
     let c = |outcome: &str| value(&s, "portico_cache_requests_total", &[("outcome", outcome)]);
     assert_eq!((c("miss"), c("hit"), c("stale")), (1.0, 3.0, 0.0));
     assert_eq!(value(&s, "portico_cache_inserts_total", &[]), 1.0);

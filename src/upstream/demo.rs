@@ -9,8 +9,8 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 use std::time::Duration;
 
+use super::{MessageStream, Reply, UpstreamError};
 use crate::protocol::{LATEST_VERSION, RequestId, code, error_body, meta, status_for_code};
-use crate::upstream::{MessageStream, Reply, UpstreamError};
 
 /// How long the demo's lists stay fresh.
 pub const DEMO_TTL_MS: u64 = 60_000;

@@ -1,8 +1,10 @@
-//! Pure fan-in for aggregated endpoints: name exposure and stripping, tool allow/deny globs,
+//! Pure fan-in for aggregated endpoints (`aggregate`): name exposure and stripping, the members' tool filters,
 //! merging list pages and discover results, and URI-template matching for `resources/read`
 //! routing. No IO, no clock, no globals: every function is a value in, a value out.
 
 use serde_json::{Map, Value, json};
+
+use crate::config::ToolFilter;
 use std::collections::HashMap;
 
 /// How one member's names appear on the endpoint.
@@ -11,9 +13,8 @@ pub struct Naming {
     pub backend: String,
     /// `""` = names exposed bare.
     pub prefix: String,
-    /// Tool globs; empty = every tool.
-    pub allow: Vec<String>,
-    pub deny: Vec<String>,
+    /// The member's own tool filter (on the backend's names); open = every tool.
+    pub tools: ToolFilter,
 }
 
 impl Naming {
@@ -38,33 +39,8 @@ impl Naming {
 
     /// `tools.allow` / `tools.deny`, matched against the upstream tool name.
     pub fn tool_allowed(&self, name: &str) -> bool {
-        (self.allow.is_empty() || self.allow.iter().any(|g| glob(g, name)))
-            && !self.deny.iter().any(|g| glob(g, name))
+        self.tools.allows(name)
     }
-}
-
-/// `*` matches any run of characters, `?` exactly one; everything else literally.
-pub fn glob(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
 }
 
 /// The four list methods an endpoint merges.
@@ -339,8 +315,7 @@ mod tests {
         Naming {
             backend: backend.into(),
             prefix: prefix.into(),
-            allow: vec![],
-            deny: vec![],
+            tools: ToolFilter::default(),
         }
     }
 
@@ -352,26 +327,9 @@ mod tests {
     }
 
     #[test]
-    fn globs() {
-        for (p, t, want) in [
-            ("*", "anything", true),
-            ("delete_*", "delete_repo", true),
-            ("delete_*", "create_repo", false),
-            ("a?c", "abc", true),
-            ("a?c", "ac", false),
-            ("*_repo", "create_repo", true),
-            ("exact", "exact", true),
-            ("exact", "exactly", false),
-            ("*a*b*", "xxaxxbxx", true),
-        ] {
-            assert_eq!(glob(p, t), want, "{p} vs {t}");
-        }
-    }
-
-    #[test]
     fn names_are_prefixed_filtered_and_merged_in_order() {
         let mut gh = naming("github", "gh");
-        gh.deny = vec!["delete_*".into()];
+        gh.tools.deny = vec!["delete_*".into()];
         let members = vec![gh, naming("files", "")];
         let m = merge_list(
             ListKind::Tools,

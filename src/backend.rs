@@ -1,0 +1,237 @@
+//! One configured backend and the state portico keeps about it: how it is reached (the
+//! transport), what era it speaks (the probe verdict), its health, breaker and limits, and the
+//! data of its upstream initialize-era session. Data only: the behaviour lives above — the
+//! bridge (`bridge`) drives the session, the checker (`health`) writes the health, the
+//! per-backend step (`step`) admits requests.
+//!
+//! Built once per config generation by [`Backend::build`] (startup and every reload).
+
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::config::{BackendConfig, Protocol};
+use crate::resilience::Resilience;
+use crate::upstream::demo::Demo;
+use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
+
+/// Session-wide notifications buffered per subscriber of [`BridgeState::subscribe`].
+const NOTES_QUEUE: usize = 64;
+
+/// What a backend has been found to speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not probed yet.
+    Unknown = 0,
+    Modern = 1,
+    Legacy = 2,
+}
+
+impl Verdict {
+    /// The era as a label (`portico_backend_protocol`, `/readyz`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Modern => "modern",
+            Verdict::Legacy => "legacy",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// One configured backend.
+pub struct Backend {
+    pub name: Arc<str>,
+    pub cfg: BackendConfig,
+    pub upstream: Upstream,
+    /// Probe verdict, shared by every request (an atomic: read on the hot path, written rarely).
+    verdict: AtomicU8,
+    pub timeout: Duration,
+    /// Legacy-bridge state: probe lock and the upstream session.
+    pub bridge: BridgeState,
+    /// Last health check, for `/readyz` and `portico_backend_up`.
+    pub health: Health,
+    /// Breaker, retry budget, concurrency limit.
+    pub resilience: Resilience,
+    /// `team_headers`, parsed: sent upstream (over `headers`) for callers of that team.
+    pub team_headers: HashMap<String, Vec<(HeaderName, HeaderValue)>>,
+}
+
+impl Backend {
+    /// The backend `cfg` describes (a valid config: what can still fail here is a header value
+    /// or an upstream URL the HTTP client refuses).
+    pub fn build(cfg: &BackendConfig) -> Result<Backend, String> {
+        let configured = match cfg.protocol {
+            Protocol::Modern => Verdict::Modern,
+            Protocol::Legacy => Verdict::Legacy,
+            Protocol::Auto => Verdict::Unknown,
+        };
+        let (upstream, verdict) = if let Some(url) = &cfg.url {
+            let up = HttpUpstream::new(cfg, url).map_err(|e| e.to_string())?;
+            (Upstream::Http(Arc::new(up)), configured)
+        } else if let Some(cmd) = &cfg.command {
+            let up = StdioUpstream::new(cfg, cmd.clone());
+            (Upstream::Stdio(Arc::new(up)), configured)
+        } else {
+            (Upstream::Builtin(Demo), Verdict::Modern)
+        };
+        let mut team_headers = HashMap::new();
+        for (team, headers) in &cfg.team_headers {
+            let mut parsed = Vec::with_capacity(headers.len());
+            for (k, v) in headers {
+                let name = HeaderName::from_bytes(k.as_bytes()).map_err(|e| e.to_string())?;
+                let value = HeaderValue::from_str(v).map_err(|e| e.to_string())?;
+                parsed.push((name, value));
+            }
+            team_headers.insert(team.clone(), parsed);
+        }
+        Ok(Backend {
+            name: cfg.name.as_str().into(),
+            cfg: cfg.clone(),
+            upstream,
+            verdict: AtomicU8::new(verdict as u8),
+            timeout: Duration::from_millis(cfg.timeout_ms),
+            bridge: Default::default(),
+            health: Default::default(),
+            resilience: Resilience::new(cfg),
+            team_headers,
+        })
+    }
+
+    pub fn verdict(&self) -> Verdict {
+        match self.verdict.load(Ordering::Relaxed) {
+            1 => Verdict::Modern,
+            2 => Verdict::Legacy,
+            _ => Verdict::Unknown,
+        }
+    }
+
+    pub fn set_verdict(&self, v: Verdict) {
+        self.verdict.store(v as u8, Ordering::Relaxed);
+    }
+}
+
+/// A backend's state as of its last check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Not checked yet.
+    Unknown = 0,
+    Up = 1,
+    Down = 2,
+}
+
+impl Status {
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Unknown => "unknown",
+            Status::Up => "up",
+            Status::Down => "down",
+        }
+    }
+}
+
+/// Per-backend health, written by the checker and read by `/readyz` and scrapes.
+#[derive(Default)]
+pub struct Health {
+    status: AtomicU8,
+    /// When the last check finished, and why it failed (if it did). Locked briefly, never across
+    /// an await.
+    last: Mutex<Option<(Instant, Option<String>)>>,
+}
+
+impl Health {
+    pub fn status(&self) -> Status {
+        match self.status.load(Ordering::Relaxed) {
+            1 => Status::Up,
+            2 => Status::Down,
+            _ => Status::Unknown,
+        }
+    }
+
+    /// Time since the last check and its failure reason.
+    pub fn last(&self) -> Option<(Duration, Option<String>)> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref().map(|(at, why)| (at.elapsed(), why.clone()))
+    }
+
+    /// Records one check's result (a failure after success is logged once).
+    pub fn set(&self, backend: &str, result: Result<(), String>) {
+        let status = if result.is_ok() {
+            Status::Up
+        } else {
+            Status::Down
+        };
+        let prev = self.status.swap(status as u8, Ordering::Relaxed);
+        if let Err(why) = &result
+            && prev != Status::Down as u8
+        {
+            tracing::warn!(backend, why = %why, "backend health check failed");
+        }
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), result.err()));
+    }
+}
+
+/// Per-backend bridge state.
+pub struct BridgeState {
+    /// One probe at a time per backend.
+    pub(crate) probe_lock: tokio::sync::Mutex<()>,
+    /// The upstream legacy session, once initialized.
+    pub(crate) session: ArcSwapOption<LegacySession>,
+    /// One `initialize` at a time per backend.
+    pub(crate) init_lock: tokio::sync::Mutex<()>,
+    /// Gateway-unique request ids and progress tokens within the upstream session.
+    pub(crate) next_id: AtomicU64,
+    /// Session-wide messages of an HTTP legacy session (its standalone GET stream, read by
+    /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
+    /// One GET stream per session serves both (servers may allow only one).
+    pub(crate) notes: tokio::sync::broadcast::Sender<Bytes>,
+}
+
+impl Default for BridgeState {
+    fn default() -> Self {
+        BridgeState {
+            probe_lock: Default::default(),
+            session: Default::default(),
+            init_lock: Default::default(),
+            next_id: Default::default(),
+            notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
+        }
+    }
+}
+
+impl BridgeState {
+    /// Publishes one session-wide message from the upstream GET stream (cheap without
+    /// subscribers).
+    pub fn publish(&self, message: &Bytes) {
+        if self.notes.receiver_count() > 0 {
+            let _ = self.notes.send(message.clone());
+        }
+    }
+
+    /// Session-wide messages of the upstream legacy session from now on (see `publish`).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Bytes> {
+        self.notes.subscribe()
+    }
+
+    /// Whether an upstream legacy session is open (for the metrics gauge).
+    pub fn has_session(&self) -> bool {
+        self.session.load().is_some()
+    }
+}
+
+/// An initialized upstream session.
+pub struct LegacySession {
+    /// `Mcp-Session-Id`, when the server issued one (stateless servers don't).
+    pub id: Option<HeaderValue>,
+    /// The negotiated revision, sent as `MCP-Protocol-Version` on every later request.
+    pub version: HeaderValue,
+    /// The server's `InitializeResult` (capabilities, serverInfo, instructions).
+    pub init: Value,
+    /// stdio child generation the session belongs to (0 for HTTP).
+    pub generation: u64,
+}

@@ -1,0 +1,90 @@
+//! JSON-RPC 2.0 as MCP uses it: request ids, error codes and the error message builder. A leaf:
+//! the error type (`error`) and the MCP vocabulary (`protocol`, which re-exports these) both
+//! build on it, so it imports nothing of portico's.
+
+use serde_json::value::RawValue;
+
+/// JSON-RPC and MCP error codes.
+pub mod code {
+    pub const PARSE_ERROR: i64 = -32700;
+    pub const INVALID_REQUEST: i64 = -32600;
+    pub const METHOD_NOT_FOUND: i64 = -32601;
+    pub const INVALID_PARAMS: i64 = -32602;
+    pub const INTERNAL_ERROR: i64 = -32603;
+    /// Legacy (2025) resource-not-found; modern servers use `INVALID_PARAMS` with `data.uri`.
+    pub const LEGACY_RESOURCE_NOT_FOUND: i64 = -32002;
+    pub const HEADER_MISMATCH: i64 = -32020;
+    pub const MISSING_CAPABILITY: i64 = -32021;
+    pub const UNSUPPORTED_VERSION: i64 = -32022;
+    /// Implementation-defined server error; what the SDKs use for transport-level refusals.
+    pub const SERVER_ERROR: i64 = -32000;
+    /// Legacy "session not found" (TypeScript SDK).
+    pub const SESSION_NOT_FOUND: i64 = -32001;
+}
+
+// === JSON-RPC request ids ===
+
+/// A JSON-RPC request id: a string or an integer (MCP forbids `null`). Kept as the exact JSON
+/// text so an error or a spliced cache hit echoes it byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId(Box<str>);
+
+impl RequestId {
+    /// Validates raw JSON as an MCP id: a string, or an integer number.
+    pub fn from_raw(raw: &RawValue) -> Option<RequestId> {
+        let text = raw.get();
+        let valid = match text.as_bytes().first() {
+            Some(b'"') => true,
+            Some(b'-' | b'0'..=b'9') => !text.contains(['.', 'e', 'E']),
+            _ => false,
+        };
+        valid.then(|| RequestId(text.into()))
+    }
+
+    /// An id portico mints itself (for upstream requests it originates).
+    pub fn number(n: u64) -> RequestId {
+        RequestId(n.to_string().into())
+    }
+
+    /// The id as JSON text.
+    pub fn json(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as a JSON value (for building messages with serde_json).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The id from a JSON value, when it is a valid MCP id.
+    pub fn from_value(v: &serde_json::Value) -> Option<RequestId> {
+        match v {
+            serde_json::Value::String(_) => Some(RequestId(v.to_string().into())),
+            serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => {
+                Some(RequestId(n.to_string().into()))
+            }
+            _ => None,
+        }
+    }
+}
+
+// === Building messages ===
+
+/// Serialises a JSON-RPC error response. `id` is echoed when known (it may be left out only when
+/// the request id could not be read).
+pub fn error_body(
+    id: Option<&RequestId>,
+    code: i64,
+    message: &str,
+    data: Option<&serde_json::Value>,
+) -> Vec<u8> {
+    let mut err = serde_json::json!({ "code": code, "message": message });
+    if let Some(d) = data {
+        err["data"] = d.clone();
+    }
+    let mut msg = serde_json::json!({ "jsonrpc": "2.0", "error": err });
+    if let Some(id) = id {
+        msg["id"] = id.to_value();
+    }
+    serde_json::to_vec(&msg).unwrap_or_default()
+}

@@ -1,0 +1,116 @@
+//! Tool policy, the one implementation: glob matching and `allow`/`deny` lists (`ToolFilter`),
+//! used for team policies (`[[auth.teams]] tools`) and for an aggregated member's own `tools`
+//! filter, plus the filter that removes hidden tools from a `tools/list` answer. Pure: no IO.
+//!
+//! A team policy is always matched against the name the *client* sees (on an aggregated
+//! endpoint, `<prefix><separator><name>`); a member's own filter against the backend's name.
+//! Callers say which by the name they pass.
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::config::ToolFilter;
+
+/// `*` matches any run of characters, `?` exactly one; everything else literally.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+impl ToolFilter {
+    /// Whether the filter admits `name`: allowed (or no allow list) and not denied.
+    pub fn allows(&self, name: &str) -> bool {
+        (self.allow.is_empty() || self.allow.iter().any(|g| glob(g, name)))
+            && !self.deny.iter().any(|g| glob(g, name))
+    }
+
+    /// Whether the filter restricts anything at all.
+    pub fn is_open(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+}
+
+/// Removes from a `tools/list` response every tool `keep` refuses by name; a tool whose name
+/// is not a string is removed too (no policy can vouch for it). Anything that is not such a
+/// response passes unchanged.
+pub fn filter_tools(msg: Bytes, keep: impl Fn(&str) -> bool) -> Bytes {
+    let Ok(mut v) = serde_json::from_slice::<Value>(&msg) else {
+        return msg;
+    };
+    let Some(tools) = v
+        .get_mut("result")
+        .and_then(|r| r.get_mut("tools"))
+        .and_then(Value::as_array_mut)
+    else {
+        return msg;
+    };
+    tools.retain(|t| t.get("name").and_then(Value::as_str).is_some_and(&keep));
+    serde_json::to_vec(&v).map(Bytes::from).unwrap_or(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        for (p, t, want) in [
+            ("*", "anything", true),
+            ("*", "", true),
+            ("delete_*", "delete_repo", true),
+            ("delete_*", "create_repo", false),
+            ("*delete*", "bulk_delete_all", true),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("a*b*c", "a_x_b_y_c", true),
+            ("a*b*c", "a_x_c", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("r__*", "r__secret_tool", true),
+        ] {
+            assert_eq!(glob(p, t), want, "{p} vs {t}");
+        }
+    }
+
+    #[test]
+    fn filters_allow_then_deny() {
+        let f = ToolFilter {
+            allow: vec!["gh__*".into()],
+            deny: vec!["*delete*".into()],
+        };
+        assert!(f.allows("gh__create"));
+        assert!(!f.allows("gh__delete_repo"));
+        assert!(!f.allows("fs__read"));
+        assert!(ToolFilter::default().allows("x") && ToolFilter::default().is_open());
+    }
+
+    #[test]
+    fn filters_list_messages() {
+        let msg = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a"},{"name":"b"},{"name":7},{}]}}"#,
+        );
+        let out = filter_tools(msg, |n| n == "a");
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["result"]["tools"], serde_json::json!([{"name": "a"}]));
+        let other = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1}}"#);
+        assert_eq!(filter_tools(other.clone(), |_| false), other);
+    }
+}

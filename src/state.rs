@@ -1,0 +1,137 @@
+//! One config generation: everything a request needs, built from one validated config and
+//! swapped atomically on reload (`reload`); a request keeps the generation it started with.
+//! [`State`] is the route table over a [`Core`] (what the per-backend step consults), and the
+//! pipeline's single exit ([`State::observe`]).
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::metrics::{BackendMirror, Metrics, Mirrors, Record};
+use crate::router::{BuildError, RouteTable};
+use crate::step::{Core, RequestCtx};
+use crate::upstream::Upstream;
+use crate::{auth, bridge, cache, health, invalidation, protocol, session};
+
+/// Everything a request needs, built from one config generation. Immutable; a reload builds a
+/// new one through the same [`State::build`] and swaps it in.
+pub struct State {
+    pub core: Core,
+    pub routes: RouteTable,
+}
+
+impl Deref for State {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("{0}")]
+    Tls(String),
+    #[error("cannot listen on {addr} (metrics.listen): {source}")]
+    MetricsBind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Auth(String),
+    #[error("{0}")]
+    Config(String),
+}
+
+impl State {
+    pub fn build(config: Config, metrics: Arc<Metrics>) -> Result<State, StartError> {
+        let routes = RouteTable::build(&config)?;
+        let sessions = session::Sessions::new(&config.sessions);
+        let cache = Arc::new(cache::Cache::new(&config.cache));
+        let auth = auth::Auth::build(&config.auth).map_err(StartError::Auth)?;
+        // Background tasks hold weak references: they end with this generation.
+        auth.spawn_refresh();
+        for b in routes.backends.values() {
+            b.resilience.attach(metrics.backend(&b.name));
+            health::spawn_probe(b);
+        }
+        Ok(State {
+            core: Core {
+                config,
+                sessions,
+                metrics,
+                cache,
+                watchers: invalidation::Watchers::default(),
+                auth,
+            },
+            routes,
+        })
+    }
+
+    /// Ends upstream legacy sessions (`DELETE`) and stops stdio children.
+    pub async fn shutdown(&self) {
+        self.watchers.stop();
+        for b in self.routes.backends.values() {
+            bridge::close(b).await;
+            if let Upstream::Stdio(s) = &b.upstream {
+                s.shutdown().await;
+            }
+        }
+    }
+
+    /// The pipeline's single exit: metrics and the access log line.
+    pub fn observe(&self, ctx: &RequestCtx) {
+        let method = ctx
+            .method
+            .as_deref()
+            .map(protocol::method_label)
+            .unwrap_or("none");
+        self.metrics.record(&Record {
+            route: ctx.route.as_ref(),
+            backend: ctx.backend.as_ref(),
+            method,
+            status: ctx.status,
+            error: ctx.error,
+            elapsed: ctx.elapsed(),
+            upstream: ctx.upstream,
+        });
+        if self.config.log.access {
+            tracing::info!(
+                target: "portico::access",
+                method = ctx.method.as_deref().map(protocol::method_label).unwrap_or("-"),
+                backend = ctx.route.as_deref().unwrap_or("-"),
+                status = ctx.status,
+                duration_us = ctx.elapsed().as_micros() as u64,
+                passthrough = ctx.passthrough,
+                cache = ctx.cache.unwrap_or("-"),
+                error = ctx.error.unwrap_or(""),
+                traceparent = ctx.traceparent.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""),
+            );
+        }
+    }
+
+    /// What the state-mirroring metrics show now (`/metrics`).
+    pub fn mirrors(&self) -> Mirrors<'_> {
+        Mirrors {
+            backends: self
+                .routes
+                .backends
+                .values()
+                .map(|b| BackendMirror {
+                    name: &b.name,
+                    transport: b.upstream.kind(),
+                    up: b.health.status() == crate::backend::Status::Up,
+                    protocol: b.verdict().label(),
+                    restarts: match &b.upstream {
+                        Upstream::Stdio(s) => Some(s.restarts()),
+                        _ => None,
+                    },
+                    legacy_sessions: u64::from(b.bridge.has_session()),
+                })
+                .collect(),
+            cache: self.cache.stats(),
+        }
+    }
+}

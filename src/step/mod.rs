@@ -1,0 +1,633 @@
+//! The per-backend step: the one function through which every request reaches a backend —
+//! `/mcp/<name>`, a member of an aggregated endpoint, a legacy-client session, `portico stdio`,
+//! and the cache's re-fetch (which runs inside it). Nothing else calls a transport on a
+//! client's behalf.
+//!
+//! [`step`] applies, in this order (README "The per-backend step"):
+//! 1. `allow_teams` of the backend (403);
+//! 2. the caller's rate limit, charged once per client request however many backends it
+//!    reaches (429);
+//! 3. the team tool policy, on the names the client sees ([`Exposure`]: prefixed on an
+//!    aggregated endpoint) — a `tools/call` it denies is refused (403), a `tools/list` is
+//!    filtered;
+//! 4. `max_concurrent` (503 + `Retry-After`), held until the backend's answer head is in;
+//! 5. the circuit breaker (503 while open);
+//! 6. the shared cache, for cacheable requests;
+//! 7. forward (modern backends, pass-through or message path) or bridge (initialize-era
+//!    backends), with the one retry loop ([`with_retry`]).
+//!
+//! It also owns the per-request context ([`RequestCtx`]) and what a request needs of the
+//! config generation besides the routes ([`Core`]).
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant as StdInstant;
+use tokio::time::Instant;
+
+use crate::auth::{self, Auth, Principal};
+use crate::backend::{Backend, Verdict};
+use crate::body::{Body, relay_response};
+use crate::bridge;
+use crate::cache::{Cache, Fetched, KeyInput};
+use crate::config::{Config, Protocol, ToolFilter, VerifyBody};
+use crate::error::GatewayError;
+use crate::frontend::{Era, ModernHead};
+use crate::invalidation::Watchers;
+use crate::metrics::Metrics;
+use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, header as h};
+use crate::resilience;
+use crate::session::Sessions;
+use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, UpstreamError};
+use serde_json::Value;
+
+/// What a request needs of its config generation besides the routes: the parts the
+/// per-backend step, aggregation and the legacy-client front consult.
+pub struct Core {
+    pub config: Config,
+    /// Seals and opens legacy-client session ids (and aggregated cursors).
+    pub sessions: Sessions,
+    /// Outlives config generations, so counters survive reloads.
+    pub metrics: Arc<Metrics>,
+    /// The shared list cache of this generation (a reload starts empty: the config that
+    /// shaped the entries may have changed).
+    pub cache: Arc<Cache>,
+    /// Change-notification streams that keep `cache` honest.
+    pub watchers: Watchers,
+    /// Authentication, team policy and rate limits.
+    pub auth: Auth,
+}
+
+/// Everything known about one request, filled in as it moves through the phases and read once
+/// at the exit by metrics and the access log. `Clone` so an aggregated endpoint can give each
+/// concurrent part request its own copy.
+#[derive(Clone)]
+pub struct RequestCtx {
+    pub start: StdInstant,
+    /// Backend or endpoint name serving the request.
+    pub route: Option<Arc<str>>,
+    /// The backend the request went to (for a backend route, the route itself).
+    pub backend: Option<Arc<str>>,
+    /// The client's W3C `traceparent`, when well-formed (forwarded upstream by the allowlist).
+    pub traceparent: Option<HeaderValue>,
+    /// Time spent waiting for upstream answers.
+    pub upstream: Option<std::time::Duration>,
+    /// The MCP method (from the header or the body).
+    pub method: Option<String>,
+    /// The JSON-RPC id, once read.
+    pub id: Option<RequestId>,
+    /// The request body, kept (a cheap `Bytes` clone) so an error can echo the id lazily.
+    pub body: Bytes,
+    pub era: Option<Era>,
+    /// Whether the body went upstream untouched.
+    pub passthrough: bool,
+    /// Failure reason label, if any.
+    pub error: Option<&'static str>,
+    /// How the shared cache answered (`hit`, `miss`, …), when it was consulted.
+    pub cache: Option<&'static str>,
+    pub status: u16,
+    /// Who is calling, once authenticated (`None` in auth mode `none`).
+    pub principal: Option<Arc<Principal>>,
+    /// The caller's rate limit has been charged for this request (once, however many
+    /// backends the request reaches).
+    pub rate_charged: bool,
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RequestCtx {
+    pub fn new() -> RequestCtx {
+        RequestCtx {
+            start: StdInstant::now(),
+            route: None,
+            backend: None,
+            traceparent: None,
+            upstream: None,
+            method: None,
+            id: None,
+            body: Bytes::new(),
+            era: None,
+            passthrough: false,
+            error: None,
+            cache: None,
+            status: 0,
+            principal: None,
+            rate_charged: false,
+        }
+    }
+
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.start.elapsed()
+    }
+
+    /// Adds the time since `since` to the upstream wait.
+    pub fn upstream_since(&mut self, since: StdInstant) {
+        self.upstream = Some(self.upstream.unwrap_or_default() + since.elapsed());
+    }
+
+    /// The id an error answer carries: the parsed one, else whatever the body shows.
+    pub fn error_id(&self) -> Option<RequestId> {
+        self.id.clone().or_else(|| protocol::sniff_id(&self.body))
+    }
+}
+
+/// How a backend's names appear to the client: bare on `/mcp/<name>`, `<prefix><separator>`
+/// before tool and prompt names on an aggregated endpoint. Team policies judge these names.
+#[derive(Clone, Copy, Debug)]
+pub struct Exposure<'a> {
+    prefix: &'a str,
+    separator: &'a str,
+}
+
+impl<'a> Exposure<'a> {
+    /// A backend on its own URL.
+    pub const DIRECT: Exposure<'static> = Exposure {
+        prefix: "",
+        separator: "",
+    };
+
+    /// A member of an aggregated endpoint (`prefix` `""` = bare names).
+    pub fn member(prefix: &'a str, separator: &'a str) -> Exposure<'a> {
+        Exposure { prefix, separator }
+    }
+
+    /// The name the client sees for the backend's `name`.
+    pub fn name<'n>(&self, name: &'n str) -> Cow<'n, str> {
+        if self.prefix.is_empty() {
+            Cow::Borrowed(name)
+        } else {
+            Cow::Owned(format!("{}{}{name}", self.prefix, self.separator))
+        }
+    }
+}
+
+/// What the step is asked to send.
+#[derive(Clone, Copy)]
+pub enum Message<'a> {
+    /// The client's body, unread (pass-through; see [`can_pass_through`]): only the method the
+    /// headers name is known.
+    Unread { method: &'a str },
+    /// A parsed message; the body is its exact bytes.
+    Parsed(&'a Envelope),
+}
+
+/// One request for one backend.
+pub struct StepRequest<'a> {
+    /// The client's headers (upstreams forward only an allowlist of them).
+    pub headers: &'a HeaderMap,
+    pub message: Message<'a>,
+    pub body: Bytes,
+    pub exposure: Exposure<'a>,
+    pub deadline: Instant,
+}
+
+/// What the step produced.
+pub enum Answer {
+    /// The backend's answer relayed byte for byte (pass-through).
+    Relayed(Response<Body>),
+    /// Decoded messages, for the caller to render or merge.
+    Reply(Reply),
+    /// The unread body was refused the way only an initialize-era server refuses: the backend
+    /// has been re-probed. The caller parses the body and takes the step again.
+    Reprobed,
+}
+
+/// The per-backend step (see the module doc for its fixed order).
+pub async fn step(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    req: StepRequest<'_>,
+) -> Result<Answer, GatewayError> {
+    if ctx.backend.as_ref().is_none_or(|b| !Arc::ptr_eq(b, &backend.name)) {
+        ctx.backend = Some(backend.name.clone());
+    }
+    // 1. allow_teams
+    may_use(ctx, backend)?;
+    // 2. rate limit
+    charge(core, ctx)?;
+    // 3. team tool policy, on the client's names
+    let policy = core.auth.policy(ctx.principal.as_deref());
+    if let Some(f) = policy {
+        match req.message {
+            Message::Unread { .. } => {
+                // `can_pass_through` never lets this happen; refuse rather than forward a body
+                // nobody judged.
+                return Err(GatewayError::Internal(
+                    "a request under a tool policy must be read".into(),
+                ));
+            }
+            Message::Parsed(env) if env.method == "tools/call" => {
+                let name = env.name.as_deref().unwrap_or("");
+                let exposed = req.exposure.name(name);
+                if !f.allows(&exposed) {
+                    return Err(GatewayError::Forbidden(format!(
+                        "tool {exposed:?} is not allowed for your team"
+                    )));
+                }
+            }
+            Message::Parsed(_) => {}
+        }
+    }
+    // 4. max_concurrent, 5. circuit breaker: held until the answer head is in.
+    let _admission = backend.resilience.admit(&backend.name)?;
+    // 6. cache, 7. forward or bridge
+    match req.message {
+        Message::Unread { method } => pass_through(ctx, backend, &req, method).await,
+        Message::Parsed(env) => {
+            // Boxed: the cache and bridge futures are large, and inline they would set the size
+            // (and the cost of every move) of the pass-through path's state too.
+            let reply = Box::pin(answer(core, ctx, backend, &req, env)).await?;
+            Ok(Answer::Reply(match policy {
+                Some(f) if env.method == "tools/list" => filter_tools_reply(reply, f, req.exposure),
+                _ => reply,
+            }))
+        }
+    }
+}
+
+/// [`step`] for a parsed message, when the caller wants decoded messages.
+#[allow(clippy::too_many_arguments)]
+pub async fn call(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    exposure: Exposure<'_>,
+    headers: &HeaderMap,
+    env: &Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    let req = StepRequest {
+        headers,
+        message: Message::Parsed(env),
+        body,
+        exposure,
+        deadline,
+    };
+    match step(core, ctx, backend, req).await? {
+        Answer::Reply(r) => Ok(r),
+        // Only unread bodies are relayed or re-probed.
+        Answer::Relayed(_) | Answer::Reprobed => Err(GatewayError::Internal(
+            "a parsed message came back unparsed".into(),
+        )),
+    }
+}
+
+/// Step 1: whether the caller's team may use `backend` at all (`allow_teams`). Aggregated
+/// lists leave out the members this refuses.
+pub fn may_use(ctx: &RequestCtx, backend: &Backend) -> Result<(), GatewayError> {
+    if backend.cfg.allow_teams.is_empty() {
+        return Ok(());
+    }
+    Auth::check_team(
+        ctx.principal.as_deref(),
+        &backend.cfg.allow_teams,
+        &format!("/mcp/{}", backend.name),
+    )
+}
+
+/// Step 2: charges the caller's rate limit once per client request.
+pub fn charge(core: &Core, ctx: &mut RequestCtx) -> Result<(), GatewayError> {
+    if !ctx.rate_charged {
+        ctx.rate_charged = true;
+        core.auth.rate_limit(ctx.principal.as_deref())?;
+    }
+    Ok(())
+}
+
+/// Pass-through is allowed when nothing portico does depends on the body: a backend known to
+/// speak 2026-07-28 over HTTP validates the headers itself.
+///
+/// Never passed through, because a decision then depends on the body:
+/// - a cacheable method while the cache is on (the key comes from the body, and the body must
+///   agree with the headers before an entry is served or stored);
+/// - a caller under a tool policy (checked against the parsed body, never the headers alone);
+/// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era.
+pub fn can_pass_through(
+    core: &Core,
+    ctx: &RequestCtx,
+    backend: &Backend,
+    mh: &ModernHead<'_>,
+) -> bool {
+    !mh.unknown_version
+        && backend.verdict() == Verdict::Modern
+        && matches!(backend.upstream, Upstream::Http(_))
+        && backend.cfg.verify_body == VerifyBody::Auto
+        && mh
+            .method
+            .is_some_and(|m| !(core.cache.enabled() && protocol::is_cacheable_method(m)))
+        && core.auth.policy(ctx.principal.as_deref()).is_none()
+}
+
+/// Step 7 for an unread body: forwarded and relayed untouched. A refusal that does not look
+/// like a modern server's means the backend changed under us (e.g. redeployed as a legacy
+/// server): it is re-probed and the caller takes the bridge.
+async fn pass_through(
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    req: &StepRequest<'_>,
+    method: &str,
+) -> Result<Answer, GatewayError> {
+    let Upstream::Http(up) = &backend.upstream else {
+        return Err(GatewayError::Internal(
+            "pass-through needs an HTTP backend".into(),
+        ));
+    };
+    ctx.passthrough = true;
+    let team = team_headers(ctx, backend);
+    let sent = StdInstant::now();
+    let exchanged = with_retry(backend, method, || {
+        up.forward(req.headers, team, &req.body, req.deadline)
+    })
+    .await;
+    ctx.upstream_since(sent);
+    let ex = match exchanged {
+        Ok(ex) => ex,
+        Err(e) => {
+            let e = GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e);
+            backend
+                .resilience
+                .record(!resilience::is_backend_failure(&e));
+            return Err(e);
+        }
+    };
+    backend.resilience.record(true);
+    let status = ex.response.status();
+    let (parts, relay) = up.relay(ex, req.deadline, req.body.clone());
+    if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
+        return Ok(Answer::Relayed(relay_response(parts, Body::Relay(relay))));
+    }
+    let refusal = read_small(relay).await;
+    if backend.cfg.protocol != Protocol::Auto
+        || blames_the_request(&refusal)
+        || bridge::classify_http(status.as_u16(), std::slice::from_ref(&refusal))
+            != bridge::Classification::Legacy
+    {
+        return Ok(Answer::Relayed(relay_response(parts, Body::full(refusal))));
+    }
+    bridge::reprobe(backend, "a modern request was refused in legacy fashion");
+    ctx.passthrough = false;
+    Ok(Answer::Reprobed)
+}
+
+/// Whether a refusal is a JSON-RPC error about the request itself (malformed, unknown method,
+/// bad params such as missing `_meta`): a modern server refusing a bad client request, not a
+/// sign that the backend changed era. Without this, every malformed request passed through
+/// would cost the backend a re-probe — an amplification any client could trigger. Legacy
+/// servers refuse a session-less modern request differently (`-32000`, or no JSON-RPC body).
+fn blames_the_request(refusal: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(refusal)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_i64())
+        .is_some_and(|c| {
+            matches!(
+                c,
+                protocol::code::PARSE_ERROR
+                    | protocol::code::INVALID_REQUEST
+                    | protocol::code::METHOD_NOT_FOUND
+                    | protocol::code::INVALID_PARAMS
+            )
+        })
+}
+
+/// Reads a (small) relayed body into memory; used only for refusals.
+async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(relay, 64 * 1024)
+        .collect()
+        .await
+    {
+        Ok(c) => c.to_bytes(),
+        Err(_) => Bytes::new(),
+    }
+}
+
+/// Steps 6 and 7 for a parsed message: the cache for cacheable requests (digest §3: discover,
+/// the four lists, `resources/read`), else the backend.
+async fn answer(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+) -> Result<Reply, GatewayError> {
+    match (env.kind, env.id.as_ref()) {
+        (Kind::Request, Some(id))
+            if core.cache.enabled() && protocol::is_cacheable_method(&env.method) =>
+        {
+            cached(core, ctx, backend, req, env, id).await
+        }
+        _ => {
+            let sent = StdInstant::now();
+            let reply = call_backend(ctx, backend, req, env).await;
+            ctx.upstream_since(sent);
+            backend.resilience.record_result(&reply);
+            reply
+        }
+    }
+}
+
+/// Step 7 on the message path: initialize-era backends through the bridge, modern ones
+/// forwarded.
+async fn call_backend(
+    ctx: &RequestCtx,
+    backend: &Arc<Backend>,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+) -> Result<Reply, GatewayError> {
+    let verdict = bridge::ensure_verdict(backend).await?;
+    if verdict == Verdict::Legacy {
+        match bridge::call(
+            backend,
+            &env.method,
+            env.id.as_ref(),
+            &req.body,
+            req.headers,
+            req.deadline,
+        )
+        .await?
+        {
+            bridge::Bridged::Answer(reply) => return Ok(reply),
+            // The probe had it wrong (a slow-starting modern server): re-probed, so this
+            // request and every later one take the modern path.
+            bridge::Bridged::Modern => {}
+        }
+    }
+    forward(ctx, backend, req, env).await
+}
+
+/// A cacheable request: served from the shared cache, or fetched (single-flight) and stored
+/// when the result allows it.
+async fn cached(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+    id: &RequestId,
+) -> Result<Reply, GatewayError> {
+    // The param that selects the result: `uri` for a read (as JSON, like the cursor), else
+    // the cursor. Anything else in params does not shape a cacheable result (digest §3).
+    let uri_json = match env.method.as_str() {
+        "resources/read" => env
+            .name
+            .as_ref()
+            .map(|u| Value::from(u.as_str()).to_string()),
+        _ => None,
+    };
+    // The upstream credential portico presents: a team's own headers make a different one.
+    let credential_id = ctx
+        .principal
+        .as_deref()
+        .and_then(|p| p.team.as_deref())
+        .filter(|t| backend.team_headers.contains_key(*t))
+        .unwrap_or("");
+    let key = KeyInput {
+        backend: &backend.name,
+        credential_id,
+        method: &env.method,
+        params: uri_json.as_deref().or(env.cursor.as_deref()),
+        protocol_version: env.protocol_version.as_deref().unwrap_or(LATEST_VERSION),
+        capabilities: env.client_capabilities.as_deref(),
+    };
+    // Private entries belong to the authenticated principal, or (auth mode none) to a digest
+    // of the caller's credential.
+    let partition = auth::partition(ctx.principal.as_deref(), req.headers);
+    // Upstream time only when this request itself went upstream (a hit or a coalesced wait
+    // has none), in µs: an atomic because the fetch future must stay `Send`.
+    let upstream_us = std::sync::atomic::AtomicU64::new(u64::MAX);
+    let shared: &RequestCtx = ctx;
+    let served = core
+        .cache
+        .get_or_fetch(&key, &partition, id, env.is_retry, || async {
+            let sent = StdInstant::now();
+            let reply = call_backend(shared, backend, req, env).await;
+            backend.resilience.record_result(&reply);
+            upstream_us.store(
+                sent.elapsed().as_micros() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            let reply = reply?;
+            let status = reply.status.as_u16();
+            let message = reply
+                .final_message(&backend.name, backend.cfg.timeout_ms)
+                .await?;
+            Ok::<_, GatewayError>(Fetched { status, message })
+        })
+        .await?;
+    let us = upstream_us.into_inner();
+    if us != u64::MAX {
+        ctx.upstream =
+            Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
+    }
+    ctx.cache = Some(served.outcome.label());
+    if served.ttl_remaining_ms.is_some() {
+        // Something of this backend is (or was just) in the cache: listen for its changes.
+        core.watchers.ensure(backend, &core.cache);
+    }
+    let status = http::StatusCode::from_u16(served.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    Ok(Reply::one(status, served.body))
+}
+
+/// Sends a modern message to a modern backend on the message path.
+async fn forward(
+    ctx: &RequestCtx,
+    backend: &Backend,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+) -> Result<Reply, GatewayError> {
+    let mut extra = mirror_headers(env);
+    extra.extend_from_slice(team_headers(ctx, backend));
+    with_retry(backend, &env.method, || {
+        backend.upstream.call(Outgoing {
+            body: req.body.clone(),
+            client_headers: req.headers,
+            extra: extra.clone(),
+            deadline: req.deadline,
+        })
+    })
+    .await
+    .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))
+}
+
+/// The one retry loop: an idempotent method whose connection could not be made is sent again,
+/// within the backend's `retries` and retry budget. Nothing that reached the backend is resent.
+pub async fn with_retry<T, F, Fut>(
+    backend: &Backend,
+    method: &str,
+    mut send: F,
+) -> Result<T, UpstreamError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, UpstreamError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match send().await {
+            Err(e @ UpstreamError::Connect(_))
+                if resilience::idempotent(method) && backend.resilience.take_retry(attempt) =>
+            {
+                tracing::debug!(backend = %backend.name, error = %e, "retrying");
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The 2026-07-28 headers that mirror a message's body.
+pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = Vec::with_capacity(3);
+    out.push((
+        h::names::PROTOCOL_VERSION,
+        HeaderValue::from_static(LATEST_VERSION),
+    ));
+    if let Ok(v) = HeaderValue::from_str(&env.method) {
+        out.push((h::names::METHOD, v));
+    }
+    if let Some(name) = &env.name
+        && let Ok(v) = HeaderValue::from_str(&protocol::encode_header_value(name))
+    {
+        out.push((h::names::NAME, v));
+    }
+    out
+}
+
+/// The upstream credentials of the caller's team, if the backend configures any.
+fn team_headers<'a>(ctx: &RequestCtx, backend: &'a Backend) -> &'a [(HeaderName, HeaderValue)] {
+    ctx.principal
+        .as_deref()
+        .and_then(|p| p.team.as_deref())
+        .and_then(|t| backend.team_headers.get(t))
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// Step 3 on the way back: removes the tools the team policy hides from a `tools/list`
+/// answer, judged by the names the client sees. Only the final response is touched;
+/// notifications about the request go through as they are.
+fn filter_tools_reply(reply: Reply, filter: &ToolFilter, exposure: Exposure<'_>) -> Reply {
+    use futures_util::StreamExt;
+    let filter = filter.clone();
+    let (prefix, separator) = (exposure.prefix.to_string(), exposure.separator.to_string());
+    let keep = move |name: &str| filter.allows(&Exposure::member(&prefix, &separator).name(name));
+    let messages = match reply.messages {
+        MessageStream::One(b) => MessageStream::One(crate::policy::filter_tools(b, &keep)),
+        MessageStream::Many(s) => MessageStream::Many(
+            s.map(move |item| item.map(|b| crate::policy::filter_tools(b, &keep)))
+                .boxed(),
+        ),
+        MessageStream::Empty => MessageStream::Empty,
+    };
+    Reply { messages, ..reply }
+}
+
+#[cfg(test)]
+mod tests;
