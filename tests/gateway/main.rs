@@ -3,6 +3,7 @@
 //! (`common::mock`) for exact wire checks and fault injection, and the official SDKs (`interop`)
 //! installed by `tests/interop/setup.sh`.
 
+mod admission;
 mod aggregate;
 mod cache;
 mod cli;
