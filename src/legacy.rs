@@ -278,11 +278,14 @@ pub fn legacy_message(msg: &[u8], method: &str) -> Bytes {
     let mut changed = false;
     if let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) {
         if result.get("resultType").and_then(Value::as_str) == Some("input_required") {
-            let id = v.get("id").cloned().unwrap_or(Value::Null);
+            let id = v.get("id").and_then(RequestId::from_value);
             return Bytes::from(
-                json!({"jsonrpc":"2.0","id":id,"error":{"code":code::INVALID_REQUEST,
-                    "message":"the server needs more input (input_required), which initialize-era clients cannot provide through portico; use a 2026-07-28 client"}})
-                .to_string(),
+                GatewayError::InvalidRequest(
+                    "the server needs more input (input_required), which initialize-era clients \
+                     cannot provide through portico; use a 2026-07-28 client"
+                        .into(),
+                )
+                .to_message(id.as_ref()),
             );
         }
         for k in ["resultType", "ttlMs", "cacheScope"] {

@@ -48,61 +48,95 @@ pub mod header {
     }
 }
 
-/// The methods portico knows by name. Anything else is `"other"` in metrics, so a client can
+/// Which revisions define a method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eras {
+    /// 2026-07-28 only (e.g. `server/discover`, `subscriptions/listen`).
+    Modern,
+    /// The initialize era only: removed in 2026-07-28 (digest §2).
+    Legacy,
+    Both,
+}
+
+/// What portico knows about one method.
+#[derive(Clone, Copy, Debug)]
+pub struct MethodInfo {
+    pub name: &'static str,
+    pub eras: Eras,
+    /// The body field `Mcp-Name` mirrors, if any.
+    pub name_field: Option<&'static str>,
+    /// Its `complete` results carry `ttlMs`/`cacheScope` (digest §2); such a method changes
+    /// nothing upstream, so it is also safe to retry.
+    pub cacheable: bool,
+}
+
+const fn m(
+    name: &'static str,
+    eras: Eras,
+    name_field: Option<&'static str>,
+    cacheable: bool,
+) -> MethodInfo {
+    MethodInfo {
+        name,
+        eras,
+        name_field,
+        cacheable,
+    }
+}
+
+/// The one list of methods, per era. Anything else is `"other"` in metrics, so a client can
 /// never mint label values.
-pub const KNOWN_METHODS: &[&str] = &[
-    "server/discover",
-    "tools/list",
-    "tools/call",
-    "prompts/list",
-    "prompts/get",
-    "resources/list",
-    "resources/templates/list",
-    "resources/read",
-    "completion/complete",
-    "subscriptions/listen",
-    "initialize",
-    "ping",
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
-    "notifications/initialized",
-    "notifications/cancelled",
-    "tasks/get",
-    "tasks/update",
-    "tasks/cancel",
+pub const METHODS: &[MethodInfo] = &[
+    m("server/discover", Eras::Modern, None, true),
+    m("tools/list", Eras::Both, None, true),
+    m("tools/call", Eras::Both, Some("name"), false),
+    m("prompts/list", Eras::Both, None, true),
+    m("prompts/get", Eras::Both, Some("name"), false),
+    m("resources/list", Eras::Both, None, true),
+    m("resources/templates/list", Eras::Both, None, true),
+    m("resources/read", Eras::Both, Some("uri"), true),
+    m("completion/complete", Eras::Both, None, false),
+    m("subscriptions/listen", Eras::Modern, None, false),
+    m("tasks/get", Eras::Both, Some("taskId"), false),
+    m("tasks/update", Eras::Both, Some("taskId"), false),
+    m("tasks/cancel", Eras::Both, Some("taskId"), false),
+    m("initialize", Eras::Legacy, None, false),
+    m("ping", Eras::Legacy, None, false),
+    m("logging/setLevel", Eras::Legacy, None, false),
+    m("resources/subscribe", Eras::Legacy, None, false),
+    m("resources/unsubscribe", Eras::Legacy, None, false),
+    m("notifications/initialized", Eras::Legacy, None, false),
+    m("notifications/cancelled", Eras::Both, None, false),
 ];
+
+/// What portico knows of `method`, if it knows it.
+pub fn method_info(method: &str) -> Option<&'static MethodInfo> {
+    METHODS.iter().find(|m| m.name == method)
+}
 
 /// The metric label for a method name: itself when known, else `"other"`.
 pub fn method_label(method: &str) -> &'static str {
-    KNOWN_METHODS
-        .iter()
-        .find(|m| **m == method)
-        .copied()
-        .unwrap_or("other")
+    method_info(method).map_or("other", |m| m.name)
 }
 
 /// Methods whose `Mcp-Name` header mirrors a body field, and which field.
 pub fn name_field(method: &str) -> Option<&'static str> {
-    match method {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        "tasks/get" | "tasks/update" | "tasks/cancel" => Some("taskId"),
-        _ => None,
-    }
+    method_info(method).and_then(|m| m.name_field)
 }
 
 /// Methods whose `complete` results carry `ttlMs`/`cacheScope` (digest §2).
 pub fn is_cacheable_method(method: &str) -> bool {
-    matches!(
-        method,
-        "server/discover"
-            | "tools/list"
-            | "prompts/list"
-            | "resources/list"
-            | "resources/templates/list"
-            | "resources/read"
-    )
+    method_info(method).is_some_and(|m| m.cacheable)
+}
+
+/// Methods whose repetition changes nothing upstream: safe to retry after a connect failure.
+pub fn is_idempotent(method: &str) -> bool {
+    is_cacheable_method(method)
+}
+
+/// Methods the initialize era has and 2026-07-28 removed (digest §2).
+pub fn is_removed_in_modern(method: &str) -> bool {
+    method_info(method).is_some_and(|m| m.eras == Eras::Legacy)
 }
 
 /// Whether `v` is an initialize-era revision portico can speak.

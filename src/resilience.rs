@@ -218,18 +218,6 @@ pub fn is_backend_failure(e: &GatewayError) -> bool {
     )
 }
 
-/// Methods whose repetition changes nothing upstream: safe to retry.
-pub fn idempotent(method: &str) -> bool {
-    matches!(
-        method,
-        "server/discover"
-            | "tools/list"
-            | "prompts/list"
-            | "resources/list"
-            | "resources/templates/list"
-            | "resources/read"
-    )
-}
 
 #[cfg(test)]
 mod tests {

@@ -102,16 +102,18 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
         (Some(method), true) => {
             let id = v["id"].clone();
             let answer = if method == "ping" {
-                json!({"jsonrpc":"2.0","id":id,"result":{}})
+                Bytes::from(json!({"jsonrpc":"2.0","id":id,"result":{}}).to_string())
             } else {
                 tracing::warn!(
                     method,
                     "legacy server sent a request a 2026-07-28 client cannot receive; refusing it"
                 );
-                json!({"jsonrpc":"2.0","id":id,"error":{"code":code::METHOD_NOT_FOUND,
-                    "message":format!("{method} is not available: the client is behind portico (2026-07-28)")}})
+                let refusal = GatewayError::MethodNotFound(format!(
+                    "{method} is not available: the client is behind portico (2026-07-28)"
+                ));
+                Bytes::from(refusal.to_message(RequestId::from_value(&id).as_ref()))
             };
-            Translated::Answer(Bytes::from(answer.to_string()))
+            Translated::Answer(answer)
         }
         (Some(method), false) => {
             if method == "notifications/progress" {

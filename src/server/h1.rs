@@ -39,7 +39,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::PeerAddr;
 use crate::body::Body;
-use crate::protocol::{code, error_body};
+use crate::error::GatewayError;
 use crate::state::State;
 use crate::upstream::h1::{HeaderSpots, has_token, name_is, parse_length, push_decimal};
 
@@ -394,7 +394,7 @@ impl Conn {
 
     /// Refuses a request portico could not read as HTTP: a JSON-RPC error naming the problem.
     async fn refuse(&mut self, status: StatusCode, why: &str) {
-        let body = error_body(None, code::INVALID_REQUEST, why, None);
+        let body = GatewayError::InvalidRequest(why.to_string()).to_message(None);
         let wbuf = &mut self.wbuf;
         wbuf.clear();
         status_line(wbuf, status);

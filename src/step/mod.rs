@@ -572,7 +572,7 @@ where
     loop {
         match send().await {
             Err(e @ UpstreamError::Connect(_))
-                if resilience::idempotent(method) && backend.resilience.take_retry(attempt) =>
+                if protocol::is_idempotent(method) && backend.resilience.take_retry(attempt) =>
             {
                 tracing::debug!(backend = %backend.name, error = %e, "retrying");
                 attempt += 1;

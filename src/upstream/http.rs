@@ -29,7 +29,7 @@ use tokio::time::{Instant, Sleep};
 use super::h1::{self, H1Body};
 use super::{MessageStream, Reply, UpstreamError};
 use crate::config::BackendConfig;
-use crate::error::BodyError;
+use crate::error::{BodyError, GatewayError};
 use crate::protocol::sniff_id;
 use crate::sse::sse_event;
 use crate::sse::{DEFAULT_MAX_EVENT_BYTES, SseDecoder};
@@ -541,12 +541,11 @@ impl RelayBody {
         match self.on_break.take() {
             Some(req) => {
                 let id = sniff_id(&req);
-                let msg = crate::protocol::error_body(
-                    id.as_ref(),
-                    crate::protocol::code::INTERNAL_ERROR,
-                    &format!("backend {} {why}", self.upstream.name),
-                    None,
-                );
+                let msg = GatewayError::BackendFailed {
+                    backend: self.upstream.name.to_string(),
+                    detail: why.to_string(),
+                }
+                .to_message(id.as_ref());
                 Poll::Ready(Some(Ok(Frame::data(sse_event(&msg)))))
             }
             None => Poll::Ready(Some(Err(err))),

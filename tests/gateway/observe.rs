@@ -1014,3 +1014,63 @@ async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
     let _ = child.kill().await;
     let _ = std::fs::remove_file(&file);
 }
+
+/// Every metric family `/metrics` can export is documented in `deploy/README.md` and in the
+/// README's metrics table, and nothing documented is missing from the exposition.
+#[test]
+fn every_exported_metric_is_documented() {
+    use portico::metrics::{BackendMirror, Metrics, Mirrors, Record};
+    use std::sync::Arc;
+    let m = Metrics::new();
+    // One sample in every family (a vec without children is not exported).
+    let name: Arc<str> = "b".into();
+    m.record(&Record {
+        route: Some(&name),
+        backend: Some(&name),
+        method: "tools/list",
+        status: 502,
+        error: Some("backend_failed"),
+        elapsed: std::time::Duration::from_millis(1),
+        upstream: Some(std::time::Duration::from_millis(1)),
+    });
+    m.aggregate_omitted("/mcp", "b");
+    let handles = m.backend("b");
+    handles.retries.inc();
+    m.reload(true);
+    let _guard = m.in_flight();
+    let text = String::from_utf8(m.render(&Mirrors {
+        backends: vec![BackendMirror {
+            name: "b",
+            transport: "stdio",
+            up: true,
+            protocol: "modern",
+            restarts: Some(1),
+            legacy_sessions: 1,
+        }],
+        cache: Default::default(),
+    }))
+    .unwrap();
+    let exported: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(String::from)
+        .collect();
+    assert!(exported.len() >= 20, "{exported:?}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for doc in ["deploy/README.md", "README.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        let documented: std::collections::BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `portico_"))
+            .filter_map(|l| l.split('`').next())
+            .map(|n| format!("portico_{n}"))
+            .collect();
+        let undocumented: Vec<_> = exported.difference(&documented).collect();
+        let stale: Vec<_> = documented.difference(&exported).collect();
+        assert!(
+            undocumented.is_empty() && stale.is_empty(),
+            "{doc}: exported but not documented {undocumented:?}; documented but not exported {stale:?}"
+        );
+    }
+}
