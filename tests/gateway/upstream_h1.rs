@@ -19,6 +19,40 @@ enum Mode {
     ConnectionClose,
     /// Chunked SSE answer, written in pieces that split chunk-size lines and data.
     ChunkedPieces,
+    /// [`odd_json`] with a Content-Length, written a few bytes at a time.
+    OddJson,
+    /// [`odd_sse`], chunked into 1-to-13-byte chunks, written a few bytes at a time.
+    OddSse,
+}
+
+/// A JSON answer no serializer of portico's would produce: odd spacing, escapes, key order,
+/// duplicate-looking keys inside strings, non-ASCII, a trailing newline.
+fn odd_json(id: &Value) -> Vec<u8> {
+    format!(
+        "{{ \"result\" :{{\"content\":[ {{\"text\":\"caf\\u00e9 \u{1F600} \\\"q\\\" \\n\",\"type\":\"text\"}}],\n\t\"resultType\":\"complete\" }},\"id\": {id} ,\"jsonrpc\":\"2.0\"}}\n"
+    )
+    .into_bytes()
+}
+
+/// An SSE answer with what SSE allows and portico must not touch: CRLF line ends, comments,
+/// `id:`/`retry:` fields, a notification split over two `data:` lines, then the response.
+fn odd_sse(id: &Value) -> Vec<u8> {
+    format!(
+        ": hello\r\nretry: 5000\r\n\r\nid: 1\r\nevent: message\r\ndata: {{\"jsonrpc\":\"2.0\",\r\ndata: \"method\":\"notifications/progress\",\"params\":{{\"progressToken\":1,\"progress\":1}}}}\r\n\r\n\
+         : mid\n\nevent: message\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"resultType\":\"complete\",\"content\":[]}}}}\n\n"
+    )
+    .into_bytes()
+}
+
+/// Writes `bytes` in pieces of a few bytes each, so every boundary is crossed somewhere.
+async fn dribble(tcp: &mut TcpStream, bytes: &[u8]) {
+    for piece in bytes.chunks(5) {
+        if tcp.write_all(piece).await.is_err() {
+            return;
+        }
+        let _ = tcp.flush().await;
+        tokio::task::yield_now().await;
+    }
 }
 
 struct RawBackend {
@@ -100,6 +134,30 @@ async fn serve(mut tcp: TcpStream, mode: Mode) {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 return;
+            }
+            Mode::OddJson => {
+                let body = odd_json(&req["id"]);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                dribble(&mut tcp, &[head.into_bytes(), body].concat()).await;
+            }
+            Mode::OddSse => {
+                let body = odd_sse(&req["id"]);
+                let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+                let mut at = 0;
+                let mut size = 1;
+                while at < body.len() {
+                    let end = (at + size).min(body.len());
+                    wire.extend_from_slice(format!("{:x}\r\n", end - at).as_bytes());
+                    wire.extend_from_slice(&body[at..end]);
+                    wire.extend_from_slice(b"\r\n");
+                    at = end;
+                    size = size % 13 + 1;
+                }
+                wire.extend_from_slice(b"0\r\n\r\n");
+                dribble(&mut tcp, &wire).await;
             }
             Mode::ChunkedPieces => {
                 let event = format!("event: message\ndata: {answer}\n\n");
@@ -201,4 +259,30 @@ async fn chunked_answers_in_pieces_are_relayed_and_the_connection_reused() {
         "one pooled connection"
     );
     gw.stop().await;
+}
+
+/// Pass-through is byte for byte: a JSON answer and an SSE answer that portico would never
+/// write itself, arriving in small pieces (SSE in tiny chunks), reach the client exactly as the
+/// backend wrote them.
+#[tokio::test]
+async fn pass_through_relays_answers_byte_for_byte() {
+    for (mode, expected, sse) in [
+        (Mode::OddJson, odd_json as fn(&Value) -> Vec<u8>, false),
+        (Mode::OddSse, odd_sse, true),
+    ] {
+        let backend = raw_backend(mode).await;
+        let gw = Gateway::start(&config(&backend.url)).await;
+        for id in 1..=2 {
+            let r = call(&gw, id).await;
+            assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
+            assert_eq!(r.is_sse(), sse);
+            assert_eq!(
+                r.body.as_ref(),
+                expected(&json!(id)).as_slice(),
+                "{}",
+                String::from_utf8_lossy(&r.body)
+            );
+        }
+        gw.stop().await;
+    }
 }
