@@ -6,6 +6,8 @@
 #   benches/run.sh                      # default: 3 rounds x 5 s, c = 1 16 64 (~6 min max)
 #   QUICK=1 benches/run.sh              # smoke test: 1 round x 2 s
 #   TARGETS="direct nginx portico" CONCURRENCY=16 benches/run.sh
+#   BASE_BIN=/path/to/old/portico TARGETS="direct nginx portico portico-base" benches/run.sh
+#                                       # before/after: the same pass-through config on another build
 #
 # Every knob is an environment variable; see benches/README.md or the block below.
 set -uo pipefail
@@ -21,7 +23,7 @@ DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
 DEFAULT_TARGETS="direct nginx portico portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -42,6 +44,7 @@ KEEP_TMP=${KEEP_TMP:-0}                    # 1: keep configs and logs of the run
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 PORTICO_BIN=${PORTICO_BIN:-$TARGET_DIR/release/portico}
 BACKEND_BIN=${BACKEND_BIN:-$TARGET_DIR/release/examples/bench_backend}
+BASE_BIN=${BASE_BIN:-}                     # target portico-base: another portico build (e.g. before a change)
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "run.sh: $*"; exit 1; }
@@ -50,26 +53,26 @@ die() { say "run.sh: $*"; exit 1; }
 # target -> which server answers it, and which MCP method the load sends.
 declare -A T_SERVER=(
     [direct]=b1 [direct-list]=b1 [nginx]=nginx [nginx-list]=nginx
-    [portico]=pass [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
+    [portico]=pass [portico-base]=base [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
     [portico-redis]=redis
     [portico-agg]=agg [portico-legacy]=legacy
     [direct-py]=py [portico-py-cache]=pycache
 )
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
-    [portico]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
+    [portico]=tools/call [portico-base]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
     [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list
     [portico-legacy]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
 )
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
-    [portico]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
+    [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
     [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp
     [portico-legacy]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
 )
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
-    [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-list]=b1
+    [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-list]=b1
     [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-legacy]=bl
     [direct-py]=py [portico-py-cache]=py
 )
@@ -120,6 +123,7 @@ if [[ $NO_BUILD != 1 ]]; then
 fi
 [[ -x $PORTICO_BIN ]] || die "no portico binary at $PORTICO_BIN"
 [[ -x $BACKEND_BIN ]] || die "no bench backend binary at $BACKEND_BIN"
+if wants base; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "target portico-base needs BASE_BIN=<another portico binary>"; fi
 
 # ---------------------------------------------------------------- processes
 TMP=$(mktemp -d /tmp/portico-bench.XXXXXX) || die "mktemp failed"
@@ -246,7 +250,7 @@ EOF
     [[ $name == redis ]] && printf 'redis_url = "redis://127.0.0.1:%s"\nlocal = false\n' "${PORT[redisd]}"
     echo
     case $name in
-    pass | verify | cache | redis)
+    pass | base | verify | cache | redis)
         cat <<EOF
 [[backends]]
 name = "bench"
@@ -283,14 +287,15 @@ EOF
 }
 
 start_portico() { # instance name
-    local name=$1 conf=$TMP/portico-$1.toml
+    local name=$1 conf=$TMP/portico-$1.toml bin=$PORTICO_BIN
+    [[ $name == base ]] && bin=$BASE_BIN
     pick_port; PORT[$name]=$FREE_PORT
     portico_conf "$name" "$FREE_PORT" >"$conf"
-    if ! "$PORTICO_BIN" --check --config "$conf" >"$TMP/$name.check" 2>&1; then
+    if ! "$bin" --check --config "$conf" >"$TMP/$name.check" 2>&1; then
         DOWN[$name]="config rejected: $(last_err "$TMP/$name.check")"
         return 1
     fi
-    start "$name" "$PORTICO_BIN" --config "$conf"
+    start "$name" "$bin" --config "$conf"
     if ! wait_port "$FREE_PORT" "${PID[$name]}" 15; then
         DOWN[$name]="portico did not start: $(last_err "$TMP/$name.err")"
         return 1
@@ -449,7 +454,7 @@ if wants redis; then
     wait_port "$FREE_PORT" "${PID[redisd]}" 10 \
         || DOWN[redis]="redis-server did not start: $(last_err "$TMP/redisd.out")"
 fi
-for inst in pass verify cache redis agg legacy pycache; do
+for inst in pass base verify cache redis agg legacy pycache; do
     if wants "$inst"; then
         [[ -n ${DOWN[$inst]:-} ]] && continue
         if [[ ( $inst == agg && ( -n ${DOWN[b2]:-} || -n ${DOWN[b3]:-} ) ) ]]; then
@@ -469,7 +474,7 @@ for t in $TARGETS; do
 done
 # Where each portico log stood before the load, to tell startup messages from load-time ones.
 declare -A LOG_MARK=()
-for s in pass verify cache redis agg legacy pycache; do
+for s in pass base verify cache redis agg legacy pycache; do
     [[ -f $TMP/$s.err ]] && LOG_MARK[$s]=$(wc -l <"$TMP/$s.err")
 done
 
@@ -600,7 +605,7 @@ done
 
 # ---------------------------------------------------------------- memory (before anything stops)
 declare -A PEAK_RSS=()
-for s in pass verify cache redis agg legacy; do
+for s in pass base verify cache redis agg legacy; do
     [[ -n ${PID[$s]:-} ]] && alive "${PID[$s]}" && PEAK_RSS[$s]=$(status_kb "${PID[$s]}" VmHWM)
 done
 [[ -n $NGINX_MASTER ]] && alive "$NGINX_MASTER" && PEAK_RSS[nginx]=$(nginx_rss VmHWM)
@@ -619,7 +624,7 @@ warnings() { # FILE PHASE-LABEL INSTANCE
             | sed 's/^/    /' >>"$TMP/notes.txt"
     fi
 }
-for s in pass verify cache redis agg legacy; do
+for s in pass base verify cache redis agg legacy; do
     [[ -f $TMP/$s.err ]] || continue
     mark=${LOG_MARK[$s]:-0}
     head -n "$mark" "$TMP/$s.err" >"$TMP/$s.startup"
@@ -648,6 +653,7 @@ kb() { [[ -n ${1:-} ]] && awk -v k="$1" 'BEGIN { printf "%.1f MiB", k / 1024 }' 
 inst_desc() {
     case $1 in
     pass) echo "portico (pass-through; targets portico, portico-list)" ;;
+    base) echo "portico-base (pass-through, BASE_BIN)" ;;
     verify) echo "portico-verify (verify_body = always)" ;;
     cache) echo "portico-cache ([cache] enabled)" ;;
     redis) echo "portico-redis ([cache] redis_url, local = false)" ;;
@@ -677,7 +683,7 @@ inst_desc() {
     echo
     echo "| process | RSS right after start | peak RSS (VmHWM) at the end |"
     echo "|---|---:|---:|"
-    for s in pass verify cache redis agg legacy nginx b1; do
+    for s in pass base verify cache redis agg legacy nginx b1; do
         [[ -n ${PID[$s]:-} || -n ${DOWN[$s]:-} ]] || continue
         if [[ -n ${DOWN[$s]:-} && -z ${IDLE_RSS[$s]:-} ]]; then
             echo "| $(inst_desc "$s") | n/a | n/a |"

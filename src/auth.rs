@@ -1,4 +1,4 @@
-//! Who is calling, and what they may do (digest §4, Auth; §8 items 3, 4, 19).
+//! Who is calling, and what they may do (docs/protocol.md §4, Auth; §8 items 3, 4, 19).
 //!
 //! Owns: authentication of the client's `Authorization: Bearer` credential (static API keys or
 //! JWTs checked against a JWKS), the Protected Resource Metadata document (RFC 9728), team

@@ -195,7 +195,7 @@ pub async fn render(
     }
 }
 
-/// The comment line sent on an idle SSE stream; clients ignore comments (digest §4).
+/// The comment line sent on an idle SSE stream; clients ignore comments (docs/protocol.md §4).
 const KEEPALIVE: &[u8] = b": keep-alive\n\n";
 
 /// Wraps an SSE response body: a `: keep-alive` comment whenever it has been idle for

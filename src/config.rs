@@ -367,7 +367,7 @@ pub struct BackendConfig {
     pub health_interval_ms: u64,
 }
 
-/// `[auth]`: who may call portico (digest §4, Auth).
+/// `[auth]`: who may call portico (docs/protocol.md §4, Auth).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {

@@ -1,4 +1,4 @@
-//! The client-facing rules of Streamable HTTP (2026-07-28, digest §4), applied header-first.
+//! The client-facing rules of Streamable HTTP (2026-07-28, docs/protocol.md §4), applied header-first.
 //!
 //! `frontend` looks at a POST's headers, reads its body once through the size limit, decides
 //! which era the client speaks, and — only when a gateway decision depends on the body — parses

@@ -1,6 +1,6 @@
 //! Keeps the shared cache honest: per backend, one long-lived watcher that hears the backend's
 //! change notifications and drops the matching cache entries at once (issue "shared list cache",
-//! item 5; digest §3 and §8 item 7).
+//! item 5; docs/protocol.md §3 and §8 item 7).
 //!
 //! Where the notifications come from depends on what the backend speaks:
 //! - 2026-07-28 over HTTP or stdio: portico's own `subscriptions/listen` request, opted in to

@@ -108,7 +108,7 @@ pub struct Merged {
     pub items: Vec<Value>,
     /// Minimum of the parts' `ttlMs` (a missing or negative one counts as 0).
     pub ttl_ms: u64,
-    /// Any part private, or without a `cacheScope` (digest §3: absent is treated as private).
+    /// Any part private, or without a `cacheScope` (docs/protocol.md §3: absent is treated as private).
     pub private: bool,
     /// Members with pages left, and their upstream cursors.
     pub next: Vec<(usize, String)>,

@@ -53,7 +53,7 @@ pub mod header {
 pub enum Eras {
     /// 2026-07-28 only (e.g. `server/discover`, `subscriptions/listen`).
     Modern,
-    /// The initialize era only: removed in 2026-07-28 (digest §2).
+    /// The initialize era only: removed in 2026-07-28 (docs/protocol.md §2).
     Legacy,
     Both,
 }
@@ -65,7 +65,7 @@ pub struct MethodInfo {
     pub eras: Eras,
     /// The body field `Mcp-Name` mirrors, if any.
     pub name_field: Option<&'static str>,
-    /// Its `complete` results carry `ttlMs`/`cacheScope` (digest §2); such a method changes
+    /// Its `complete` results carry `ttlMs`/`cacheScope` (docs/protocol.md §2); such a method changes
     /// nothing upstream, so it is also safe to retry.
     pub cacheable: bool,
 }
@@ -124,7 +124,7 @@ pub fn name_field(method: &str) -> Option<&'static str> {
     method_info(method).and_then(|m| m.name_field)
 }
 
-/// Methods whose `complete` results carry `ttlMs`/`cacheScope` (digest §2).
+/// Methods whose `complete` results carry `ttlMs`/`cacheScope` (docs/protocol.md §2).
 pub fn is_cacheable_method(method: &str) -> bool {
     method_info(method).is_some_and(|m| m.cacheable)
 }
@@ -134,7 +134,7 @@ pub fn is_idempotent(method: &str) -> bool {
     is_cacheable_method(method)
 }
 
-/// Methods the initialize era has and 2026-07-28 removed (digest §2).
+/// Methods the initialize era has and 2026-07-28 removed (docs/protocol.md §2).
 pub fn is_removed_in_modern(method: &str) -> bool {
     method_info(method).is_some_and(|m| m.eras == Eras::Legacy)
 }
@@ -145,7 +145,7 @@ pub fn is_legacy_version(v: &str) -> bool {
 }
 
 /// HTTP status for a JSON-RPC error code that portico itself synthesises or bridges (the spec
-/// fixes only some of these; digest §4 and §8 item 9).
+/// fixes only some of these; docs/protocol.md §4 and §8 item 9).
 pub fn status_for_code(code: i64) -> u16 {
     match code {
         code::PARSE_ERROR | code::INVALID_REQUEST | code::INVALID_PARAMS => 400,
@@ -455,7 +455,7 @@ pub fn sniff_id(body: &[u8]) -> Option<RequestId> {
 // === Header values ===
 
 /// Decodes an `Mcp-Name` / `Mcp-Param-*` header value: plain visible ASCII, or the
-/// `=?base64?…?=` form for anything else (digest §4). `None` when the value is invalid.
+/// `=?base64?…?=` form for anything else (docs/protocol.md §4). `None` when the value is invalid.
 pub fn decode_header_value(raw: &[u8]) -> Option<Cow<'_, str>> {
     use base64::Engine;
     if let Some(inner) = raw

@@ -12,8 +12,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, so tests can pause and advance it instead of sleeping.
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use crate::config::BackendConfig;
 use crate::error::GatewayError;
@@ -218,7 +220,6 @@ pub fn is_backend_failure(e: &GatewayError) -> bool {
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,8 +232,8 @@ mod tests {
         c.backends[0].clone()
     }
 
-    #[test]
-    fn breaker_opens_fails_fast_probes_and_closes() {
+    #[tokio::test(start_paused = true)]
+    async fn breaker_opens_fails_fast_probes_and_closes() {
         let r = Resilience::new(&cfg(2, 50));
         r.record(false);
         assert_eq!(r.state(), BreakerState::Closed);
@@ -242,14 +243,14 @@ mod tests {
             r.admit("a"),
             Err(GatewayError::CircuitOpen { .. })
         ));
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(Duration::from_millis(60)).await;
         let probe = r.admit("a").expect("one probe after the open period");
         assert_eq!(r.state(), BreakerState::HalfOpen);
         drop(probe);
         assert!(r.admit("a").is_err(), "only one probe at a time");
         r.record(false);
         assert_eq!(r.state(), BreakerState::Open, "a failed probe reopens");
-        std::thread::sleep(Duration::from_millis(60));
+        tokio::time::advance(Duration::from_millis(60)).await;
         drop(r.admit("a").unwrap());
         r.record(true);
         assert_eq!(r.state(), BreakerState::Closed);

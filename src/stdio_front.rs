@@ -1,5 +1,5 @@
 //! The stdio front end: portico as the local bridge for MCP clients that can only launch a
-//! command and talk to it over stdin/stdout (`portico stdio …`, digest §5 and §7).
+//! command and talk to it over stdin/stdout (`portico stdio …`, docs/protocol.md §5 and §7).
 //!
 //! Each stdin line becomes an in-process `http::Request` — a POST to the served endpoint with
 //! exactly the headers a Streamable HTTP client would send — and goes through the same pipeline

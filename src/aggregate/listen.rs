@@ -1,4 +1,4 @@
-//! `subscriptions/listen` on an aggregated endpoint (digest §8 item 13: unspecified, so this is
+//! `subscriptions/listen` on an aggregated endpoint (docs/protocol.md §8 item 13: unspecified, so this is
 //! portico's reading).
 //!
 //! portico opens one upstream stream per member that can deliver change notifications, merges

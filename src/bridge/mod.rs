@@ -1,7 +1,7 @@
 //! The legacy bridge: makes initialize-era backends (2025-03-26 … 2025-11-25) look like
 //! 2026-07-28 servers.
 //!
-//! - **Probe, don't guess** (digest §5): the first request to an `auto` backend sends
+//! - **Probe, don't guess** (docs/protocol.md §5): the first request to an `auto` backend sends
 //!   `server/discover`; `classify_http` / `classify_stdio` read the answer. The verdict is kept
 //!   per backend and re-probed when a later answer contradicts it. In particular a stdio
 //!   server that starts slower than `probe_timeout_ms` is probed as legacy although it may be

@@ -1,4 +1,4 @@
-//! Telling a backend's era (digest §5): the `server/discover` probe and how its answer, or a
+//! Telling a backend's era (docs/protocol.md §5): the `server/discover` probe and how its answer, or a
 //! refusal of the bridge's `initialize`, is classified. Pure classifiers plus the one probe
 //! per backend ([`ensure_verdict`]). Never keyed on one error code.
 
@@ -36,7 +36,7 @@ pub(super) fn response_of(messages: &[Bytes]) -> Option<Value> {
         .find(|v| v.get("result").is_some() || v.get("error").is_some())
 }
 
-/// Classifies the answer to an HTTP `server/discover` probe (digest §5). Never keyed on one
+/// Classifies the answer to an HTTP `server/discover` probe (docs/protocol.md §5). Never keyed on one
 /// error code: deployed legacy servers answer 400 `-32000`, 400 `-32600`, 404 with no body, 405
 /// with HTML, or (stateless) a legacy-shaped answer.
 pub fn classify_http(status: u16, messages: &[Bytes]) -> Classification {
@@ -76,7 +76,7 @@ pub fn classify_stdio(answer: Option<&[Bytes]>) -> Classification {
 
 /// Whether an error answer to the bridge's `initialize` shows a 2026-07-28 server, i.e. the
 /// probe verdict "legacy" was wrong (typically a modern stdio server that started more slowly
-/// than `probe_timeout_ms`). Evidence, per digest §5: a modern error code (`-32020..-32022`);
+/// than `probe_timeout_ms`). Evidence, per docs/protocol.md §5: a modern error code (`-32020..-32022`);
 /// a version list (`data.supported`) naming a revision newer than the initialize era (a
 /// modern-only server SHOULD list its versions in any error to `initialize`); or "method not
 /// found": every initialize-era server implements `initialize`, so only a server that dropped
@@ -183,7 +183,7 @@ mod tests {
         s.iter().map(|m| Bytes::from(m.to_string())).collect()
     }
 
-    /// Every answer shape digest §5 lists, and what it means.
+    /// Every answer shape docs/protocol.md §5 lists, and what it means.
     #[test]
     fn probe_classification_table() {
         use Classification::*;

@@ -126,7 +126,7 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
                 return Translated::Drop;
             }
             // Log lines and list-changed notifications are session-wide in legacy; relaying them
-            // to one client would leak other clients' activity (digest §8 item 17).
+            // to one client would leak other clients' activity (docs/protocol.md §8 item 17).
             Translated::Drop
         }
         (None, true) => {

@@ -22,7 +22,7 @@ pub enum Scope {
 pub enum Uncacheable {
     /// Not one of the six methods whose results carry `ttlMs`/`cacheScope`.
     Method,
-    /// An MRTR retry (`inputResponses`/`requestState`): MUST NOT be cached (digest §3).
+    /// An MRTR retry (`inputResponses`/`requestState`): MUST NOT be cached (docs/protocol.md §3).
     Retry,
     /// The upstream answered with an HTTP status other than 200.
     Status,
@@ -32,7 +32,7 @@ pub enum Uncacheable {
     Error,
     /// `resultType` other than `"complete"` (e.g. `input_required`).
     NotComplete,
-    /// `ttlMs` absent, zero, negative, or not a number: stale at once (digest §3).
+    /// `ttlMs` absent, zero, negative, or not a number: stale at once (docs/protocol.md §3).
     NoTtl,
     /// Larger than the whole byte budget.
     TooLarge,
@@ -71,10 +71,10 @@ pub enum Decision {
 /// Decides whether a JSON-RPC response `message` (the whole `{"jsonrpc","id","result"}` text)
 /// to a `method` request may be stored, for how long and for whom. Pure.
 ///
-/// Rules (digest §3): absent `resultType` counts as `complete` (the bridge normalises legacy
+/// Rules (docs/protocol.md §3): absent `resultType` counts as `complete` (the bridge normalises legacy
 /// results); `ttlMs` absent, `0`, negative or not a number means "stale at once", so nothing is
 /// stored; fractional values are floored; `cacheScope` anything but `"public"` — including
-/// absent, which the spec leaves open (§8 item 1) — is treated as `"private"`, the safe reading.
+/// absent, which the spec leaves open (docs/protocol.md §8 item 1) — is treated as `"private"`, the safe reading.
 pub fn classify(method: &str, is_retry: bool, message: &[u8], max_ttl_ms: u64) -> Decision {
     use Decision::NotCacheable as No;
     if !is_cacheable_method(method) {

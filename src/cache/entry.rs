@@ -38,7 +38,7 @@ pub struct Entry {
     pub(super) uri: Option<Box<str>>,
     /// The `result` object without `ttlMs` (see [`Decision::Cacheable`]).
     pub(super) result: Bytes,
-    /// Served as a hit until then (`t_received + ttlMs`, digest §3).
+    /// Served as a hit until then (`t_received + ttlMs`, docs/protocol.md §3).
     pub(super) fresh_until: Instant,
     /// Served only when a re-fetch fails, until then; moka drops the entry at about this time.
     pub(super) stale_until: Instant,

@@ -26,7 +26,7 @@ pub enum Partition {
 impl Partition {
     /// The partition for a raw `Authorization` header value. Only a digest is kept, so the secret
     /// never sits in memory as a map key. The exact bytes are hashed: two spellings of one token
-    /// (`Bearer` vs `bearer`) get two partitions, which costs hits but never leaks. Digest §8
+    /// (`Bearer` vs `bearer`) get two partitions, which costs hits but never leaks. docs/protocol.md §8
     /// item 3: "a different access token requires a different cache" — the token is the
     /// conservative unit until there is a principal.
     pub fn from_authorization(value: Option<&[u8]>) -> Partition {
@@ -82,11 +82,11 @@ impl CacheKey {
 /// the other is correct, so every field that can change the answer, or who may see it, is in:
 /// - `backend`: two backends' `tools/list` are different lists.
 /// - `credential_id`: the upstream may answer differently per credential portico presents, and a
-///   `public` answer is public only *for that credential* (digest §8 item 4).
-/// - `method` and `params` (`cursor` / `uri`): the spec's own key (digest §3). Each page has its
+///   `public` answer is public only *for that credential* (docs/protocol.md §8 item 4).
+/// - `method` and `params` (`cursor` / `uri`): the spec's own key (docs/protocol.md §3). Each page has its
 ///   own entry; a different resource is a different entry.
 /// - `protocol_version` and the client capabilities: they may change `tools/list` (e.g. an
-///   extension the client declares); the conservative key of digest §8 item 2. `clientInfo` and
+///   extension the client declares); the conservative key of docs/protocol.md §8 item 2. `clientInfo` and
 ///   `progressToken` are left out: they don't shape results and would only split the cache.
 /// - the scope: `public`, or `private` plus the caller's partition. Public and private keys can
 ///   never be equal, and private keys of two partitions can never be equal.

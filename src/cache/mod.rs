@@ -1,4 +1,4 @@
-//! The shared list cache: `complete` results of the six cacheable methods (digest §3), kept for
+//! The shared list cache: `complete` results of the six cacheable methods (docs/protocol.md §3), kept for
 //! the server's `ttlMs` under a key that says whose data it is (`cacheScope`).
 //!
 //! Two tiers: an in-process moka store in front, and optionally Redis (`[cache]
@@ -637,7 +637,7 @@ impl Cache {
 
     /// Drops every entry of `backend` + `method`: all partitions, all cursors, public and
     /// private, on every replica. For list-changed notifications, and for an invalid-cursor
-    /// error (digest §3: throw every page away).
+    /// error (docs/protocol.md §3: throw every page away).
     pub fn invalidate(&self, backend: &str, method: &str) {
         self.everywhere(Invalidation::Method {
             backend: backend.to_owned(),

@@ -205,7 +205,11 @@ pub async fn step(
     backend: &Arc<Backend>,
     req: StepRequest<'_>,
 ) -> Result<Answer, GatewayError> {
-    if ctx.backend.as_ref().is_none_or(|b| !Arc::ptr_eq(b, &backend.name)) {
+    if ctx
+        .backend
+        .as_ref()
+        .is_none_or(|b| !Arc::ptr_eq(b, &backend.name))
+    {
         ctx.backend = Some(backend.name.clone());
     }
     // 1. allow_teams
@@ -409,7 +413,7 @@ async fn read_small(relay: crate::upstream::http::RelayBody) -> Bytes {
     }
 }
 
-/// Steps 6 and 7 for a parsed message: the cache for cacheable requests (digest §3: discover,
+/// Steps 6 and 7 for a parsed message: the cache for cacheable requests (docs/protocol.md §3: discover,
 /// the four lists, `resources/read`), else the backend.
 async fn answer(
     core: &Core,
@@ -474,7 +478,7 @@ async fn cached(
     id: &RequestId,
 ) -> Result<Reply, GatewayError> {
     // The param that selects the result: `uri` for a read (as JSON, like the cursor), else
-    // the cursor. Anything else in params does not shape a cacheable result (digest §3).
+    // the cursor. Anything else in params does not shape a cacheable result (docs/protocol.md §3).
     let uri_json = match env.method.as_str() {
         "resources/read" => env
             .name

@@ -26,8 +26,8 @@ fn core(extra: &str) -> Core {
     let key = std::env::temp_dir().join(format!("portico-step-key-{}", std::process::id()));
     std::fs::write(&key, "k-blue-000000000000000000").expect("key file");
     let auth = AUTH.replace("KEYFILE", &key.display().to_string());
-    let cfg = config::validate(config::parse(&format!("{auth}{extra}")).expect("parse"))
-        .expect("valid");
+    let cfg =
+        config::validate(config::parse(&format!("{auth}{extra}")).expect("parse")).expect("valid");
     Core {
         sessions: Sessions::new(&cfg.sessions),
         metrics: Arc::new(Metrics::new()),
@@ -99,15 +99,30 @@ async fn the_checks_run_in_their_fixed_order() {
     let _slot = d.resilience.admit("d").expect("first slot");
     d.resilience.record(false);
     // 1. allow_teams wins over everything after it.
-    let err = run(&core, &mut blue(), &d, Exposure::DIRECT, "nope").await.err().expect("refused");
-    assert!(matches!(err, GatewayError::Forbidden(ref m) if m.contains("/mcp/d")), "{err}");
+    let err = run(&core, &mut blue(), &d, Exposure::DIRECT, "nope")
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(err, GatewayError::Forbidden(ref m) if m.contains("/mcp/d")),
+        "{err}"
+    );
 
     let open = backend(&core, "open");
     // 2. the rate limit (burst 1) comes before the policy: the first request spends the token
     //    and is refused by policy; the second is refused by the rate limit.
-    let err = run(&core, &mut blue(), &open, Exposure::DIRECT, "nope").await.err().expect("refused");
-    assert!(matches!(err, GatewayError::Forbidden(ref m) if m.contains("nope")), "{err}");
-    let err = run(&core, &mut blue(), &open, Exposure::DIRECT, "echo").await.err().expect("refused");
+    let err = run(&core, &mut blue(), &open, Exposure::DIRECT, "nope")
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(err, GatewayError::Forbidden(ref m) if m.contains("nope")),
+        "{err}"
+    );
+    let err = run(&core, &mut blue(), &open, Exposure::DIRECT, "echo")
+        .await
+        .err()
+        .expect("refused");
     assert!(matches!(err, GatewayError::RateLimited { .. }), "{err}");
 }
 
@@ -132,14 +147,23 @@ breaker_open_ms = 600000
     let slot = d.resilience.admit("d").expect("first slot");
     d.resilience.record(false);
     // 3. policy before 4. max_concurrent
-    let err = run(&core, &mut ctx(), &d, Exposure::DIRECT, "nope").await.err().expect("refused");
+    let err = run(&core, &mut ctx(), &d, Exposure::DIRECT, "nope")
+        .await
+        .err()
+        .expect("refused");
     assert!(matches!(err, GatewayError::Forbidden(_)), "{err}");
     // 4. max_concurrent before 5. the breaker
-    let err = run(&core, &mut ctx(), &d, Exposure::DIRECT, "echo").await.err().expect("refused");
+    let err = run(&core, &mut ctx(), &d, Exposure::DIRECT, "echo")
+        .await
+        .err()
+        .expect("refused");
     assert!(matches!(err, GatewayError::Overloaded { .. }), "{err}");
     drop(slot);
     // 5. the breaker, open: fails fast.
-    let err = run(&core, &mut ctx(), &d, Exposure::DIRECT, "echo").await.err().expect("refused");
+    let err = run(&core, &mut ctx(), &d, Exposure::DIRECT, "echo")
+        .await
+        .err()
+        .expect("refused");
     assert!(matches!(err, GatewayError::CircuitOpen { .. }), "{err}");
 }
 
@@ -155,14 +179,27 @@ async fn team_policies_judge_the_names_the_client_sees() {
     let r = run(&core, &mut ctx, &open, Exposure::member("r", "__"), "echo").await;
     assert!(r.is_ok(), "{:?}", r.err());
     // Directly, `nope` is denied; behind prefix `r`, the client sees `r__nope`, not denied.
-    let err = run(&core, &mut ctx, &open, Exposure::DIRECT, "nope").await.err().expect("refused");
-    assert!(matches!(err, GatewayError::Forbidden(_)));
-    let r = run(&core, &mut ctx, &open, Exposure::member("r", "__"), "nope").await;
-    assert!(!matches!(r, Err(GatewayError::Forbidden(_))), "{:?}", r.err());
-    let err = run(&core, &mut ctx, &open, Exposure::member("r", "__"), "secret_tool")
+    let err = run(&core, &mut ctx, &open, Exposure::DIRECT, "nope")
         .await
         .err()
         .expect("refused");
+    assert!(matches!(err, GatewayError::Forbidden(_)));
+    let r = run(&core, &mut ctx, &open, Exposure::member("r", "__"), "nope").await;
+    assert!(
+        !matches!(r, Err(GatewayError::Forbidden(_))),
+        "{:?}",
+        r.err()
+    );
+    let err = run(
+        &core,
+        &mut ctx,
+        &open,
+        Exposure::member("r", "__"),
+        "secret_tool",
+    )
+    .await
+    .err()
+    .expect("refused");
     assert!(
         matches!(err, GatewayError::Forbidden(ref m) if m.contains("r__secret_tool")),
         "{err}"
@@ -257,7 +294,10 @@ builtin = "demo"
     let anonymous = RequestCtx::new();
     assert!(can_pass_through(&core, &anonymous, &h, &mh));
     assert!(!can_pass_through(&core, &anonymous, &demo, &mh), "built-in");
-    assert!(!can_pass_through(&core, &blue(), &h, &mh), "under a tool policy");
+    assert!(
+        !can_pass_through(&core, &blue(), &h, &mh),
+        "under a tool policy"
+    );
     // A body nobody judged is refused by the step itself, never forwarded.
     let req = StepRequest {
         headers: &HeaderMap::new(),

@@ -9,7 +9,7 @@
 //!
 //! Why ids are rewritten: one pipe carries the requests of many clients, and JSON-RPC ids and
 //! `progressToken`s must be unique among the sender's in-flight requests on one connection
-//! (digest §8 item 14). Two clients both sending `"id":1` would otherwise get each other's
+//! (docs/protocol.md §8 item 14). Two clients both sending `"id":1` would otherwise get each other's
 //! answers. Each request therefore goes up with a gateway id (an integer from a counter that never
 //! repeats) and, if it asked for progress, the token `"portico-<gateway id>"`; answers and
 //! progress are mapped back and the caller's own id/token restored.

@@ -133,31 +133,75 @@ async fn an_aggregated_member_keeps_its_admission_and_policy() {
     assert!(blue.iter().all(|n| !n.starts_with("x__")), "{blue:?}");
     assert!(blue.contains(&"r__echo".to_string()), "{blue:?}");
     let before = s.x.count("tools/call");
-    let r = as_team(&url, BLUE_KEY, 2, "tools/call", json!({"name":"x__echo","arguments":{"text":"hi"}})).await;
+    let r = as_team(
+        &url,
+        BLUE_KEY,
+        2,
+        "tools/call",
+        json!({"name":"x__echo","arguments":{"text":"hi"}}),
+    )
+    .await;
     assert_eq!(r.status, 403, "{:?}", r.body);
     assert_eq!(s.x.count("tools/call"), before, "x never saw blue's call");
     // Red may use x.
     let red = names(&as_team(&url, RED_KEY, 3, "tools/list", json!({})).await);
     assert!(red.contains(&"x__echo".to_string()), "{red:?}");
-    let r = as_team(&url, RED_KEY, 4, "tools/call", json!({"name":"x__echo","arguments":{"text":"hi"}})).await;
+    let r = as_team(
+        &url,
+        RED_KEY,
+        4,
+        "tools/call",
+        json!({"name":"x__echo","arguments":{"text":"hi"}}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
 
     // Team globs judge the prefixed names: blue's deny hides and refuses r__secret_tool...
     assert!(!blue.contains(&"r__secret_tool".to_string()), "{blue:?}");
-    let r = as_team(&url, BLUE_KEY, 5, "tools/call", json!({"name":"r__secret_tool"})).await;
+    let r = as_team(
+        &url,
+        BLUE_KEY,
+        5,
+        "tools/call",
+        json!({"name":"r__secret_tool"}),
+    )
+    .await;
     assert_eq!(r.status, 403, "{:?}", r.body);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("r__secret_tool"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("r__secret_tool")
+    );
     // ...and red's allow = ["r__*", "x__*"] admits it.
     assert!(red.contains(&"r__secret_tool".to_string()), "{red:?}");
-    assert!(red.iter().all(|n| n.starts_with("r__") || n.starts_with("x__")), "{red:?}");
-    let r = as_team(&url, RED_KEY, 6, "tools/call", json!({"name":"r__secret_tool"})).await;
+    assert!(
+        red.iter()
+            .all(|n| n.starts_with("r__") || n.starts_with("x__")),
+        "{red:?}"
+    );
+    let r = as_team(
+        &url,
+        RED_KEY,
+        6,
+        "tools/call",
+        json!({"name":"r__secret_tool"}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
 
     // max_concurrent = 1 on r: a second concurrent call through the aggregate gets 503.
     let slow = {
         let url = url.clone();
         tokio::spawn(async move {
-            as_team(&url, RED_KEY, 7, "tools/call", json!({"name":"r__slow","arguments":{"ms":1500}})).await
+            as_team(
+                &url,
+                RED_KEY,
+                7,
+                "tools/call",
+                json!({"name":"r__slow","arguments":{"ms":1500}}),
+            )
+            .await
         })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -165,7 +209,14 @@ async fn an_aggregated_member_keeps_its_admission_and_policy() {
         assert!(Instant::now() < deadline, "the slow call never reached r");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let second = as_team(&url, BLUE_KEY, 8, "tools/call", json!({"name":"r__echo","arguments":{"text":"x"}})).await;
+    let second = as_team(
+        &url,
+        BLUE_KEY,
+        8,
+        "tools/call",
+        json!({"name":"r__echo","arguments":{"text":"x"}}),
+    )
+    .await;
     assert_eq!(second.status, 503, "{:?}", second.body);
     assert!(second.header("retry-after").is_some());
     assert_eq!(slow.await.unwrap().status, 200);
@@ -173,10 +224,20 @@ async fn an_aggregated_member_keeps_its_admission_and_policy() {
     // The breaker of d: the first call finds it dead, the second fails fast with 503.
     let first = as_team(&url, RED_KEY, 9, "tools/list", json!({})).await;
     assert_eq!(first.status, 200, "a failing member is left out of lists");
-    let r = as_team(&url, BLUE_KEY, 10, "tools/call", json!({"name":"d__anything"})).await;
+    let r = as_team(
+        &url,
+        BLUE_KEY,
+        10,
+        "tools/call",
+        json!({"name":"d__anything"}),
+    )
+    .await;
     assert_eq!(r.status, 503, "{:?}", String::from_utf8_lossy(&r.body));
     assert!(
-        r.json()["error"]["message"].as_str().unwrap().contains("circuit breaker"),
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("circuit breaker"),
         "{:?}",
         r.body
     );
@@ -199,7 +260,14 @@ async fn legacy_session(url: &str, key: &str) -> (String, String) {
     (sid, "2025-06-18".to_string())
 }
 
-async fn legacy_call(url: &str, key: &str, sid: &str, id: u64, method: &str, params: Value) -> Resp {
+async fn legacy_call(
+    url: &str,
+    key: &str,
+    sid: &str,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Resp {
     let auth = bearer(key);
     let h = [
         ("content-type", "application/json"),
@@ -221,18 +289,47 @@ async fn a_legacy_session_on_the_endpoint_gets_the_same_checks() {
     assert_eq!(list.status, 200, "{:?}", list.body);
     let blue = names(&list);
     assert!(blue.contains(&"r__echo".to_string()), "{blue:?}");
-    assert!(!blue.iter().any(|n| n.starts_with("x__") || n == "r__secret_tool"), "{blue:?}");
+    assert!(
+        !blue
+            .iter()
+            .any(|n| n.starts_with("x__") || n == "r__secret_tool"),
+        "{blue:?}"
+    );
     for tool in ["x__echo", "r__secret_tool"] {
         let r = legacy_call(&url, BLUE_KEY, &sid, 2, "tools/call", json!({"name": tool})).await;
         assert_eq!(r.status, 403, "{tool}: {:?}", r.body);
     }
     // The breaker member fails fast for a legacy client too.
-    let _ = legacy_call(&url, BLUE_KEY, &sid, 3, "tools/call", json!({"name":"d__x"})).await;
-    let r = legacy_call(&url, BLUE_KEY, &sid, 4, "tools/call", json!({"name":"d__x"})).await;
+    let _ = legacy_call(
+        &url,
+        BLUE_KEY,
+        &sid,
+        3,
+        "tools/call",
+        json!({"name":"d__x"}),
+    )
+    .await;
+    let r = legacy_call(
+        &url,
+        BLUE_KEY,
+        &sid,
+        4,
+        "tools/call",
+        json!({"name":"d__x"}),
+    )
+    .await;
     assert_eq!(r.status, 503, "{:?}", r.body);
     // The red team's session may use x.
     let (sid, _) = legacy_session(&url, RED_KEY).await;
-    let r = legacy_call(&url, RED_KEY, &sid, 5, "tools/call", json!({"name":"x__echo","arguments":{"text":"hi"}})).await;
+    let r = legacy_call(
+        &url,
+        RED_KEY,
+        &sid,
+        5,
+        "tools/call",
+        json!({"name":"x__echo","arguments":{"text":"hi"}}),
+    )
+    .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     s.gw.stop().await;
 }
@@ -285,17 +382,39 @@ async fn portico_stdio_gets_the_same_checks() {
         .filter_map(|t| t["name"].as_str())
         .collect();
     assert!(tools.contains(&"r__echo"), "{tools:?}");
-    assert!(!tools.iter().any(|n| n.starts_with("x__") || *n == "r__secret_tool"), "{tools:?}");
+    assert!(
+        !tools
+            .iter()
+            .any(|n| n.starts_with("x__") || *n == "r__secret_tool"),
+        "{tools:?}"
+    );
     for (id, tool) in [(2, "x__echo"), (3, "r__secret_tool")] {
         let r = ask(id, "tools/call", json!({"name": tool})).await;
         assert_eq!(r["error"]["code"], json!(-32600), "{tool}: {r}");
-        assert!(r["error"]["message"].as_str().unwrap().contains("Forbidden"), "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Forbidden"),
+            "{r}"
+        );
     }
-    let r = ask(4, "tools/call", json!({"name":"r__echo","arguments":{"text":"ok"}})).await;
+    let r = ask(
+        4,
+        "tools/call",
+        json!({"name":"r__echo","arguments":{"text":"ok"}}),
+    )
+    .await;
     assert!(r.get("result").is_some(), "{r}");
     let _ = ask(5, "tools/call", json!({"name":"d__x"})).await;
     let r = ask(6, "tools/call", json!({"name":"d__x"})).await;
-    assert!(r["error"]["message"].as_str().unwrap().contains("circuit breaker"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("circuit breaker"),
+        "{r}"
+    );
     let _ = stop_tx.send(());
     drop(write);
     let _ = tokio::time::timeout(Duration::from_secs(15), task).await;

@@ -220,11 +220,7 @@ fn modules_import_only_from_their_layer_or_below() {
     read_src(&root.join("src"), &root.join("src"), &mut files);
     assert!(files.len() > 30, "read {} files under src/", files.len());
     let found = violations(&files, &layers);
-    assert!(
-        found.is_empty(),
-        "layering broken:\n{}",
-        found.join("\n")
-    );
+    assert!(found.is_empty(), "layering broken:\n{}", found.join("\n"));
 }
 
 /// The test of the test: an upward import, a module outside the map and a cycle are each
@@ -237,12 +233,22 @@ fn the_layering_check_names_what_breaks_it() {
                   ### Next\n| L3 x | `ignored` |\n";
     let layers = layer_map(readme);
     assert_eq!(layers.get("upstream"), Some(&2));
-    assert_eq!(layers.get("ignored"), None, "the table ends at the next heading");
+    assert_eq!(
+        layers.get("ignored"),
+        None,
+        "the table ends at the next heading"
+    );
     let file = |p: &str, s: &str| (p.to_string(), s.to_string());
     let clean = vec![
-        file("error.rs", "//! uses crate::server in prose only\nuse std::fmt;"),
+        file(
+            "error.rs",
+            "//! uses crate::server in prose only\nuse std::fmt;",
+        ),
         file("protocol.rs", "use crate::{error::GatewayError, config};"),
-        file("upstream/h1.rs", "use crate::protocol;\nfn f() { crate::cache::x(); }"),
+        file(
+            "upstream/h1.rs",
+            "use crate::protocol;\nfn f() { crate::cache::x(); }",
+        ),
         file("cache.rs", "use crate::protocol::Kind;"),
         file("lib.rs", "pub mod server; use crate::upstream::h1;"),
         file("server/mod.rs", "use crate::State; use crate::upstream;"),
@@ -266,7 +272,9 @@ fn the_layering_check_names_what_breaks_it() {
     unmapped.push(file("stray.rs", "use crate::error;"));
     let found = violations(&unmapped, &layers);
     assert!(
-        found.iter().any(|v| v.contains("src/stray.rs") && v.contains("no layer")),
+        found
+            .iter()
+            .any(|v| v.contains("src/stray.rs") && v.contains("no layer")),
         "{found:?}"
     );
 
@@ -275,9 +283,9 @@ fn the_layering_check_names_what_breaks_it() {
     cyclic.push(file("cache/store.rs", "use crate::upstream::Reply;"));
     let found = violations(&cyclic, &layers);
     assert!(
-        found
-            .iter()
-            .any(|v| v.starts_with("import cycle") && v.contains("cache") && v.contains("upstream")),
+        found.iter().any(|v| v.starts_with("import cycle")
+            && v.contains("cache")
+            && v.contains("upstream")),
         "{found:?}"
     );
 }

@@ -26,7 +26,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 const LATEST: &str = "2026-07-28";
 
-/// How a legacy mock answers a 2026-07-28 request (the probe), per the shapes in digest §5.
+/// How a legacy mock answers a 2026-07-28 request (the probe), per the shapes in docs/protocol.md §5.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LegacyRejects {
     /// TypeScript SDK: 400 `-32000 "Bad Request: Unsupported protocol version: …"`.
