@@ -2,30 +2,18 @@
 //! JSON-RPC message to the right backend, bridges protocol revisions, caches list results and
 //! exports Prometheus metrics.
 //!
-//! Crate map (read in this order):
-//! - [`config`]: TOML → validated `Config` (load → parse → validate).
-//! - [`server`]: listener, TLS, hyper, graceful shutdown.
-//! - [`proxy`]: the request pipeline — every phase in order, one exit.
-//! - [`frontend`]: client-facing Streamable HTTP rules, header-first.
-//! - [`bridge`]: initialize-era *backends* made to look modern (probe, sessions, translation).
-//! - [`cache`]: the shared list cache (`ttlMs`/`cacheScope`); [`invalidation`] keeps it honest
-//!   with each backend's change notifications.
-//! - [`legacy`]: initialize-era *clients* served on the same endpoints; [`session`] seals their
-//!   session ids.
-//! - [`protocol`]: MCP/JSON-RPC vocabulary and the cheap envelope parser (pure).
-//! - [`router`]: path → backend or endpoint, per-backend state.
-//! - [`aggregate`]: `[[endpoints]]` — several backends served as one MCP server.
-//! - [`upstream`]: how backends are reached (HTTP pool, stdio child, built-in).
-//! - [`demo`]: the built-in demo backend.
-//! - [`auth`]: who is calling (API keys, JWT), team policy, rate limits, resource metadata.
-//! - [`resilience`]: circuit breaker, retry budget, concurrency limit, health probe.
-//! - [`reload`]: hot reload on SIGHUP and config-file change.
-//! - [`error`]: `GatewayError`, the only builder of error responses.
-//! - [`metrics`]: Prometheus registry; the only place metric names live.
-//! - [`stdio_front`]: `portico stdio`, the same pipeline for clients that speak stdio.
-//! - [`admin`]: the metrics listener (`/metrics`, `/healthz`, `/readyz`); [`health`] checks
-//!   backends for it.
-//! - [`body`], [`sse`]: response body type; SSE decoding.
+//! The crate is built in layers, each importing only from itself and below (README "Layers";
+//! `tests/gateway/layers.rs` enforces it):
+//! - L0 leaves: [`config`], [`error`], [`jsonrpc`], [`metrics`], [`policy`], [`sse`];
+//! - L1 vocabulary: [`protocol`], [`frontend`], [`session`];
+//! - L2 transports and stores: [`upstream`], [`body`], [`backend`], [`resilience`], [`cache`];
+//! - L3 translation: [`bridge`], [`merge`], [`health`], [`invalidation`];
+//! - L4 pipeline: [`auth`], [`step`] (the per-backend step), [`aggregate`], [`legacy`],
+//!   [`router`], [`state`], [`proxy`] (the request pipeline);
+//! - L5 faces: [`server`], [`stdio_front`], [`admin`], [`reload`], and this crate root.
+//!
+//! Read a request's way in four files: `server/h1.rs` → `proxy.rs` → `step/mod.rs` →
+//! `upstream/h1.rs`.
 
 #![forbid(unsafe_code)]
 

@@ -1,13 +1,15 @@
 //! The request pipeline. `handle` runs every phase in a fixed order and has one exit, where
 //! metrics and the access log record what happened:
 //!
-//! 1. route: path → backend or endpoint (`router`)
+//! 1. route: path → backend or endpoint (`router`); authenticate (before the body is read)
 //! 2. front-end rules: method, origin, content type, accept, body limit (`frontend`)
 //! 3. era: modern or initialize-era client (`frontend::era`)
 //! 4. header checks; body check only when a decision depends on the body
-//! 5. dispatch: one `match` on the method → pass-through, cache, bridge, or local answer
-//! 6. render: relay bytes, or turn decoded messages into JSON / SSE
-//! 7. exit: metrics + one log line
+//! 5. the per-backend step (`step`), once per backend the request reaches: admission, policy,
+//!    cache, forward or bridge — directly, through an aggregated endpoint (`aggregate`) or
+//!    after translating an initialize-era client's request (`legacy`)
+//! 6. render: relay bytes, or turn decoded messages into JSON / SSE (`body::render`)
+//! 7. exit: metrics + one log line (`State::observe`)
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};

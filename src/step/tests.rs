@@ -139,7 +139,7 @@ breaker_failures = 1
 breaker_open_ms = 600000
 "#,
     );
-    let mut ctx = || RequestCtx {
+    let ctx = || RequestCtx {
         rate_charged: true,
         ..blue()
     };

@@ -837,7 +837,7 @@ mod tests {
                 .map(|h| String::from_utf8_lossy(h.value).to_string())
                 .collect::<Vec<_>>()
         };
-        check(&get, &addr.to_string());
+        check(get, &addr.to_string());
         assert_eq!(get("content-length"), [body.len().to_string()]);
         assert_eq!(&wire[head_len..], &body[..]);
     }
