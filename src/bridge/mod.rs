@@ -154,6 +154,7 @@ pub async fn call(
     client_id: Option<&RequestId>,
     body: &Bytes,
     client_headers: &HeaderMap,
+    team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
 ) -> Result<Bridged, GatewayError> {
     if method == "server/discover"
@@ -175,14 +176,10 @@ pub async fn call(
         let (up_body, token) = to_legacy(body, upstream_id)?;
         let Some(client_id) = client_id else {
             // A notification: pass it on.
-            send_raw(b, &s, up_body, client_headers, deadline)
+            send_raw(b, &s, up_body, client_headers, team, deadline)
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
-            return Ok(Bridged::Answer(Reply {
-                status: StatusCode::ACCEPTED,
-                headers: HeaderMap::new(),
-                messages: MessageStream::Empty,
-            }));
+            return Ok(Bridged::Answer(Reply::accepted()));
         };
         let mapping = Mapping {
             client_id: client_id.clone(),
@@ -202,7 +199,7 @@ pub async fn call(
             upstream_id,
             armed: !matches!(b.upstream, Upstream::Stdio(_)),
         };
-        let reply = match send_raw(b, &s, up_body, client_headers, deadline).await {
+        let reply = match send_raw(b, &s, up_body, client_headers, team, deadline).await {
             Ok(reply) => reply,
             // The stdio child restarted before the request was written: the new child has not
             // been through `initialize`. Nothing reached the server, so a retry is safe.
@@ -228,13 +225,15 @@ pub async fn call(
     })
 }
 
-/// Sends an already-translated message within the session. Over stdio a request is pinned to
-/// the child generation the session was initialized on (`UpstreamError::Restarted` otherwise).
+/// Sends an already-translated message within the session, with the caller's team
+/// credentials (`team_headers`) over HTTP. Over stdio a request is pinned to the child
+/// generation the session was initialized on (`UpstreamError::Restarted` otherwise).
 async fn send_raw(
     b: &Backend,
     s: &LegacySession,
     body: Bytes,
     client_headers: &HeaderMap,
+    team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
 ) -> Result<Reply, UpstreamError> {
     match &b.upstream {
@@ -251,17 +250,14 @@ async fn send_raw(
                     extra.push((HeaderName::from_static(name), v.clone()));
                 }
             }
+            extra.extend_from_slice(team);
             let req = up.request(&HeaderMap::new(), &extra, body);
             up.call(req, deadline).await
         }
         Upstream::Stdio(st) => {
             if crate::protocol::sniff_id(&body).is_none() {
                 st.notify(body).await?;
-                return Ok(Reply {
-                    status: StatusCode::ACCEPTED,
-                    headers: HeaderMap::new(),
-                    messages: MessageStream::Empty,
-                });
+                return Ok(Reply::accepted());
             }
             let opts = CallOptions {
                 cancel_on_drop: true,

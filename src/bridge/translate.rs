@@ -216,6 +216,7 @@ pub(super) fn translate(reply: Reply, m: Mapping, mut guard: CancelGuard) -> Rep
                                         &session,
                                         answer,
                                         &HeaderMap::new(),
+                                        &[],
                                         deadline,
                                     )
                                     .await;
@@ -269,7 +270,7 @@ impl Drop for CancelGuard {
         rt.spawn(async move {
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
             let body = Bytes::from(note.to_string());
-            if let Err(error) = send_raw(&backend, &session, body, &HeaderMap::new(), deadline).await {
+            if let Err(error) = send_raw(&backend, &session, body, &HeaderMap::new(), &[], deadline).await {
                 tracing::debug!(backend = %backend.name, %error, "could not send notifications/cancelled");
             }
         });

@@ -454,6 +454,7 @@ async fn call_backend(
             env.id.as_ref(),
             &req.body,
             req.headers,
+            team_headers(ctx, backend),
             req.deadline,
         )
         .await?

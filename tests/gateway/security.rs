@@ -439,6 +439,41 @@ async fn allow_teams_and_team_headers_and_the_client_token_never_reaches_the_bac
     gw.stop().await;
 }
 
+/// `team_headers` reach an initialize-era backend too: every bridged request of a caller of
+/// that team carries the team's credential, never the client's token.
+#[tokio::test]
+async fn team_headers_reach_a_legacy_backend() {
+    let mock = MockMcp::legacy().start().await;
+    let cfg = api_keys_config(&mock.url(), "").replace(
+        "protocol = \"modern\"",
+        "protocol = \"legacy\"\nteam_headers = { blue = { Authorization = \"Bearer upstream-blue\" } }",
+    );
+    let gw = Gateway::start(&cfg).await;
+    let url = gw.url("/mcp/m");
+    let r = mcp_with(
+        &url,
+        json!(1),
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": "hi"}}),
+        &[("authorization", &bearer(ALICE))],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let calls: Vec<_> = mock
+        .seen()
+        .into_iter()
+        .filter(|s| s.body["method"] == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].headers["authorization"], "Bearer upstream-blue");
+    for s in mock.seen() {
+        for v in s.headers.values() {
+            assert!(!v.to_str().unwrap_or("").contains(ALICE), "client token leaked");
+        }
+    }
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn mode_none_also_never_forwards_the_client_authorization() {
     let mock = MockMcp::modern().start().await;
