@@ -253,6 +253,94 @@ struct RawMeta<'a> {
     progress_token: Option<&'a RawValue>,
 }
 
+// === Forward what you judged: member-name audit ===
+//
+// portico decides on what its strict, case-sensitive parser reads; a backend may read the same
+// bytes differently (Go's encoding/json matches member names case-insensitively with Unicode
+// folding, many parsers take the last of duplicate keys). So at every level portico inspects,
+// a body is refused (400 -32600) when a member name repeats, or when a name that is not a
+// protocol member equals one under case folding (`"Params"`, `"paramſ"`): then every reader
+// agrees with portico's, and the backend gets bytes that mean what portico judged (README
+// "Security model").
+
+/// Protocol members of a message's top level.
+const TOP_MEMBERS: &[&str] = &["jsonrpc", "id", "method", "params", "result", "error"];
+/// Protocol members of `params` that portico (or a backend) reads.
+const PARAMS_MEMBERS: &[&str] = &[
+    "name",
+    "uri",
+    "taskId",
+    "cursor",
+    "_meta",
+    "arguments",
+    "inputResponses",
+    "requestState",
+    "protocolVersion",
+    "capabilities",
+    "clientInfo",
+    "ref",
+    "argument",
+    "level",
+    "notifications",
+];
+/// Protocol members of `_meta`.
+const META_MEMBERS: &[&str] = &[
+    meta::PROTOCOL_VERSION,
+    meta::CLIENT_CAPABILITIES,
+    meta::CLIENT_INFO,
+    meta::LOG_LEVEL,
+    meta::SUBSCRIPTION_ID,
+    "progressToken",
+];
+
+/// A member name under Unicode case folding (upper then lower, so `ſ` → `s`, `K` → `k`).
+fn fold(name: &str) -> String {
+    name.chars()
+        .flat_map(char::to_uppercase)
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// Checks the member names of one JSON object (see the comment above).
+pub fn audit_members(object: &str, members: &[&str]) -> Result<(), String> {
+    struct Audit<'m>(&'m [&'m str]);
+    impl<'de> serde::de::Visitor<'de> for Audit<'_> {
+        type Value = Result<(), String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen: Vec<Cow<'de, str>> = Vec::new();
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                map.next_value::<serde::de::IgnoredAny>()?;
+                if seen.iter().any(|k| *k == key) {
+                    return Ok(Err(format!("member {key:?} appears twice")));
+                }
+                // ASCII names that are not members fold to nothing of interest unless they
+                // differ from a member only in case; the fold is computed only for those.
+                if !self.0.contains(&key.as_ref())
+                    && (!key.is_ascii()
+                        || self.0.iter().any(|m| m.eq_ignore_ascii_case(&key)))
+                {
+                    let folded = fold(&key);
+                    if let Some(m) = self.0.iter().find(|m| fold(m) == folded) {
+                        return Ok(Err(format!(
+                            "member {key:?} differs from the protocol member {m:?} only in case"
+                        )));
+                    }
+                }
+                seen.push(key);
+            }
+            Ok(Ok(()))
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(object);
+    match serde::Deserializer::deserialize_map(&mut de, Audit(members)) {
+        Ok(r) => r,
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// First non-whitespace byte of a body; the cheapest batch and garbage detector.
 pub fn first_byte(body: &[u8]) -> Option<u8> {
     body.iter().copied().find(|b| !b.is_ascii_whitespace())
@@ -285,6 +373,9 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         Err(e) if e.is_syntax() || e.is_eof() => return Err(EnvelopeError::Parse(e.to_string())),
         Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
     };
+    // Valid UTF-8 JSON by now (serde checked it), so the audits below read `str`s.
+    let text = std::str::from_utf8(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
+    audit_members(text, TOP_MEMBERS).map_err(|e| EnvelopeError::Invalid(e, None))?;
     let id = match msg.id {
         None => None,
         Some(raw) => match RequestId::from_raw(raw) {
@@ -340,6 +431,8 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
             env.id,
         ));
     }
+    audit_members(params.get(), PARAMS_MEMBERS)
+        .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
     let p: RawParams = serde_json::from_str(params.get())
         .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
     if let Some(field) = name_field(&env.method) {
@@ -359,6 +452,8 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         && first_byte(meta.get().as_bytes()) == Some(b'{')
     {
         env.has_meta = true;
+        audit_members(meta.get(), META_MEMBERS)
+            .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
         let m: RawMeta = serde_json::from_str(meta.get())
             .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
         env.protocol_version = m.protocol_version.and_then(json_string);
@@ -626,6 +721,28 @@ mod tests {
         assert!(accept_ok(Some(b"application/json;q=0.9, text/*")));
         assert!(!accept_ok(Some(b"application/json")));
         assert!(!accept_ok(Some(b"text/event-stream")));
+    }
+
+    #[test]
+    fn member_names_that_other_parsers_read_differently_are_refused() {
+        let ok = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","Name2":1,"_meta":{"progressToken":1}}}"#;
+        assert!(env(ok).is_ok());
+        for bad in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a"},"Params":{"name":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","NAME":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","paramſ":{"name":"b"},"params":{"name":"a"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","param\u017f":{"name":"b"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","extra":1,"extra":2}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","_meta":{"progressToken":1,"ProgressToken":2}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","\u006eame":"b"}}"#,
+        ] {
+            assert!(
+                matches!(env(bad), Err(EnvelopeError::Invalid(..))),
+                "{bad} must be refused"
+            );
+        }
+        assert_eq!(fold("paramſ"), "params");
+        assert_eq!(fold("\u{212A}ey"), "key");
     }
 
     #[test]
