@@ -15,6 +15,11 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// A request body must be in within this long, plus time for its size at
+/// [`DEFAULT_BODY_MIN_BYTES_PER_S`] (slow-body defence, on every listener and protocol).
+pub const DEFAULT_BODY_READ_TIMEOUT_MS: u64 = 10_000;
+/// The slowest body rate that earns extra time beyond `body_read_timeout_ms`.
+pub const DEFAULT_BODY_MIN_BYTES_PER_S: u64 = 1024;
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Idle time before an SSE response gets a keep-alive comment (below common 30-60 s proxy
 /// idle timeouts).
@@ -110,6 +115,14 @@ pub struct ServerConfig {
     /// A connection must deliver its request headers within this time (slowloris defence).
     #[serde(default = "default_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
+    /// A request body must be complete within this time of its head, plus one second per
+    /// `body_min_bytes_per_s` bytes received (so a large body on a slow link still makes it,
+    /// while a body that trickles never does). Every listener and protocol.
+    #[serde(default = "default_body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
+    /// See `body_read_timeout_ms`.
+    #[serde(default = "default_body_min_bytes_per_s")]
+    pub body_min_bytes_per_s: u64,
     /// Largest request head accepted on HTTP/1.1.
     #[serde(default = "default_max_header_bytes")]
     pub max_header_bytes: usize,
@@ -134,6 +147,8 @@ impl Default for ServerConfig {
             allowed_origins: Vec::new(),
             drain_timeout_ms: DEFAULT_DRAIN_TIMEOUT_MS,
             header_read_timeout_ms: DEFAULT_HEADER_READ_TIMEOUT_MS,
+            body_read_timeout_ms: DEFAULT_BODY_READ_TIMEOUT_MS,
+            body_min_bytes_per_s: DEFAULT_BODY_MIN_BYTES_PER_S,
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             sse_keepalive_ms: DEFAULT_SSE_KEEPALIVE_MS,
             max_stream_ms: 0,
@@ -537,6 +552,12 @@ fn default_drain_timeout_ms() -> u64 {
 }
 fn default_header_read_timeout_ms() -> u64 {
     DEFAULT_HEADER_READ_TIMEOUT_MS
+}
+fn default_body_read_timeout_ms() -> u64 {
+    DEFAULT_BODY_READ_TIMEOUT_MS
+}
+fn default_body_min_bytes_per_s() -> u64 {
+    DEFAULT_BODY_MIN_BYTES_PER_S
 }
 fn default_sse_keepalive_ms() -> u64 {
     DEFAULT_SSE_KEEPALIVE_MS

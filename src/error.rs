@@ -24,6 +24,8 @@ pub enum GatewayError {
     BodyTooLarge { limit: usize },
     #[error("could not read the request body: {0}")]
     BodyRead(String),
+    #[error("request body not received in time (server.body_read_timeout_ms)")]
+    BodyTimeout,
     #[error("Forbidden: origin not allowed")]
     OriginForbidden,
     #[error("Forbidden: admin endpoints accept loopback callers only")]
@@ -101,6 +103,7 @@ impl GatewayError {
             NotAcceptable => StatusCode::NOT_ACCEPTABLE,
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             OriginForbidden | AdminForbidden => StatusCode::FORBIDDEN,
             NoRoute { .. } | MethodNotFound(_) | SessionNotFound => StatusCode::NOT_FOUND,
             BodyRead(_)
@@ -135,6 +138,7 @@ impl GatewayError {
             | UnsupportedMediaType
             | BodyTooLarge { .. }
             | BodyRead(_)
+            | BodyTimeout
             | Batch
             | InvalidRequest(_)
             | NoRoute { .. }
@@ -166,6 +170,7 @@ impl GatewayError {
             UnsupportedMediaType => "unsupported_media_type",
             BodyTooLarge { .. } => "body_too_large",
             BodyRead(_) => "body_read",
+            BodyTimeout => "body_timeout",
             OriginForbidden => "origin_forbidden",
             AdminForbidden => "admin_forbidden",
             NoRoute { .. } => "no_route",

@@ -191,9 +191,53 @@ pub fn origin_allowed(origin: &[u8], allowed: &[String]) -> bool {
         .any(|a| a == "*" || a.eq_ignore_ascii_case(origin))
 }
 
-/// Reads the whole body, never more than `limit` bytes. A declared length over the limit is
-/// refused before reading anything.
-pub async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, GatewayError>
+/// How long a request body may take: `body_read_timeout_ms` from the moment portico turns to
+/// it, plus one second per `body_min_bytes_per_s` bytes already received. The one rule for both
+/// server halves (the lean HTTP/1.1 loop and hyper: TLS, h2, chunked, HTTP/1.0, `Expect`), so a
+/// socket that sends nothing, or a byte now and then, holds nothing for long — and, since the
+/// per-backend step runs only after the body is in, never an admission slot.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyClock {
+    start: tokio::time::Instant,
+    base: std::time::Duration,
+    min_rate: u64,
+}
+
+impl BodyClock {
+    /// Starts now: `base` for any body, plus a second per `min_rate` bytes received.
+    pub fn new(base: std::time::Duration, min_rate: u64) -> BodyClock {
+        BodyClock {
+            start: tokio::time::Instant::now(),
+            base,
+            min_rate: min_rate.max(1),
+        }
+    }
+
+    /// Starts now, with the `[server]` settings.
+    pub fn start(cfg: &crate::config::ServerConfig) -> BodyClock {
+        BodyClock::new(
+            std::time::Duration::from_millis(cfg.body_read_timeout_ms),
+            cfg.body_min_bytes_per_s,
+        )
+    }
+
+    /// The latest the body may still be read, with `received` bytes in.
+    pub fn deadline(&self, received: usize) -> tokio::time::Instant {
+        let earned = std::time::Duration::from_millis(
+            (received as u64).saturating_mul(1000) / self.min_rate,
+        );
+        self.start + self.base + earned
+    }
+}
+
+/// Reads the whole body, never more than `limit` bytes, within `clock`. A declared length over
+/// the limit is refused before reading anything.
+pub async fn read_body<B>(
+    body: B,
+    headers: &HeaderMap,
+    limit: usize,
+    clock: BodyClock,
+) -> Result<Bytes, GatewayError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<crate::error::BodyError>,
@@ -212,7 +256,13 @@ where
     // that buffer as is, without a collecting buffer list.
     let mut first = Bytes::new();
     let mut rest: Option<bytes::BytesMut> = None;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let received = rest.as_ref().map_or(first.len(), |r| r.len());
+        let frame = match tokio::time::timeout_at(clock.deadline(received), body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => return Err(GatewayError::BodyTimeout),
+        };
         let frame = match frame {
             Ok(f) => f,
             Err(e) if too_large(&e) => return Err(GatewayError::BodyTooLarge { limit }),

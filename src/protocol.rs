@@ -309,7 +309,10 @@ pub fn audit_members(object: &str, members: &[&str]) -> Result<(), String> {
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a JSON object")
         }
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
             let mut seen: Vec<Cow<'de, str>> = Vec::new();
             while let Some(key) = map.next_key::<Cow<'de, str>>()? {
                 map.next_value::<serde::de::IgnoredAny>()?;
@@ -319,8 +322,7 @@ pub fn audit_members(object: &str, members: &[&str]) -> Result<(), String> {
                 // ASCII names that are not members fold to nothing of interest unless they
                 // differ from a member only in case; the fold is computed only for those.
                 if !self.0.contains(&key.as_ref())
-                    && (!key.is_ascii()
-                        || self.0.iter().any(|m| m.eq_ignore_ascii_case(&key)))
+                    && (!key.is_ascii() || self.0.iter().any(|m| m.eq_ignore_ascii_case(&key)))
                 {
                     let folded = fold(&key);
                     if let Some(m) = self.0.iter().find(|m| fold(m) == folded) {

@@ -118,8 +118,14 @@ where
         _ => return Err(GatewayError::MethodNotAllowed),
     }
     frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
-    let body =
-        frontend::read_body(body, &parts.headers, state.config.server.max_body_bytes).await?;
+    let clock = frontend::BodyClock::start(&state.config.server);
+    let body = frontend::read_body(
+        body,
+        &parts.headers,
+        state.config.server.max_body_bytes,
+        clock,
+    )
+    .await?;
     ctx.body = body.clone();
     frontend::check_content(&seen)?;
     // 3. era

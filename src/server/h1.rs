@@ -13,7 +13,8 @@
 //!
 //! Timeouts (`[server] header_read_timeout_ms`): a request head must be complete within that
 //! time of the connection turning to it, so an idle keep-alive connection is closed after it too;
-//! a request body may pause at most that long between reads. One timer per connection, reset (a
+//! a request body must be in within `body_read_timeout_ms` (plus time for its size at
+//! `body_min_bytes_per_s`: `frontend::BodyClock`, the rule hyper's half applies too). One timer per connection, reset (a
 //! store, once registered) rather than created per request.
 //!
 //! A client that goes away while its request runs is noticed (end of stream on the socket) and
@@ -58,6 +59,9 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub header_timeout: Duration,
+    /// `body_read_timeout_ms` and `body_min_bytes_per_s` (see `frontend::BodyClock`).
+    pub body_timeout: Duration,
+    pub body_min_rate: u64,
     pub max_head: usize,
     pub max_body: usize,
 }
@@ -204,10 +208,14 @@ impl Conn {
     }
 
     /// Reads a body of `len` bytes (at most `max_body`, checked by the caller).
+    /// The whole body must arrive within the body clock (`frontend::BodyClock`), the same
+    /// rule hyper's half of the server applies.
     async fn read_body(&mut self, len: usize) -> Result<Bytes, Fill> {
+        let clock =
+            crate::frontend::BodyClock::new(self.limits.body_timeout, self.limits.body_min_rate);
         while self.rbuf.len() < len {
             self.rbuf.reserve(len - self.rbuf.len());
-            let deadline = Instant::now() + self.limits.header_timeout;
+            let deadline = clock.deadline(self.rbuf.len());
             self.fill(deadline, None::<Pin<&mut std::future::Pending<()>>>)
                 .await?;
         }

@@ -69,6 +69,8 @@ pub async fn serve(
     let builder = Arc::new(builder);
     let limits = h1::Limits {
         header_timeout: Duration::from_millis(cfg.header_read_timeout_ms),
+        body_timeout: Duration::from_millis(cfg.body_read_timeout_ms),
+        body_min_rate: cfg.body_min_bytes_per_s,
         max_head: cfg.max_header_bytes,
         max_body: cfg.max_body_bytes,
     };

@@ -468,7 +468,10 @@ async fn team_headers_reach_a_legacy_backend() {
     assert_eq!(calls[0].headers["authorization"], "Bearer upstream-blue");
     for s in mock.seen() {
         for v in s.headers.values() {
-            assert!(!v.to_str().unwrap_or("").contains(ALICE), "client token leaked");
+            assert!(
+                !v.to_str().unwrap_or("").contains(ALICE),
+                "client token leaked"
+            );
         }
     }
     gw.stop().await;
