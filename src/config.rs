@@ -63,7 +63,7 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -85,7 +85,7 @@ pub struct Config {
 }
 
 /// `[server]`: the client-facing listener.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address to bind, `host:port`.
@@ -142,7 +142,7 @@ impl Default for ServerConfig {
 }
 
 /// `[log]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LogConfig {
     /// One line per request (method, backend, status, duration).
@@ -166,7 +166,9 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -175,7 +177,7 @@ pub enum LogFormat {
 }
 
 /// `[metrics]`: the second listener, serving `/metrics`, `/healthz` and `/readyz`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Address to bind, `host:port` (plain HTTP; keep it off the public network).
@@ -205,7 +207,7 @@ impl Default for MetricsConfig {
 }
 
 /// `[sessions]`: legacy-client session ids.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionsConfig {
     /// 32 bytes, base64 or hex; `${ENV}` expanded. Absent or empty: a random key per process.
@@ -225,7 +227,7 @@ impl Default for SessionsConfig {
 }
 
 /// `[cache]`: the shared list cache.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CacheConfig {
     #[serde(default = "default_true")]
@@ -270,7 +272,9 @@ impl Default for CacheConfig {
 }
 
 /// Which revision a backend speaks.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// Probe with `server/discover` on first use.
@@ -281,7 +285,9 @@ pub enum Protocol {
 }
 
 /// When the gateway reads the request body of a pass-through request.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum VerifyBody {
     /// Only when a gateway decision depends on it.
@@ -292,7 +298,9 @@ pub enum VerifyBody {
 }
 
 /// `cacheScope` values.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheScope {
     Public,
@@ -301,7 +309,7 @@ pub enum CacheScope {
 }
 
 /// `[[backends]]`: one upstream MCP server, served at `/mcp/<name>`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     pub name: String,
@@ -368,7 +376,7 @@ pub struct BackendConfig {
 }
 
 /// `[auth]`: who may call portico (digest §4, Auth).
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     #[serde(default)]
@@ -394,7 +402,9 @@ pub struct AuthConfig {
     pub teams: Vec<TeamConfig>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMode {
     #[default]
@@ -404,7 +414,7 @@ pub enum AuthMode {
 }
 
 /// `[[auth.api_keys]]`: one static bearer key. The key itself never sits in the file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// Environment variable holding the key.
@@ -419,7 +429,7 @@ pub struct ApiKeyConfig {
 }
 
 /// `[auth.jwt]`: bearer JWTs signed with HS256, RS256 or ES256.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JwtConfig {
     /// A JWKS (`{"keys":[…]}`) file.
@@ -443,7 +453,7 @@ pub struct JwtConfig {
 }
 
 /// A token bucket: `per_second` sustained, `burst` at once.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub per_second: f64,
@@ -451,7 +461,7 @@ pub struct RateLimitConfig {
 }
 
 /// `[[auth.teams]]`: what a team's principals may do.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TeamConfig {
     pub name: String,
@@ -462,7 +472,7 @@ pub struct TeamConfig {
 }
 
 /// `[[endpoints]]`: several backends served as one MCP server.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointConfig {
     pub path: String,
@@ -477,14 +487,14 @@ pub struct EndpointConfig {
 }
 
 /// A member of an endpoint: a backend name, or a table with options.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum EndpointBackend {
     Name(String),
     Detailed(EndpointBackendDetail),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointBackendDetail {
     pub name: String,
@@ -495,7 +505,7 @@ pub struct EndpointBackendDetail {
 }
 
 /// Glob allow/deny lists over tool names (`*` and `?`).
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolFilter {
     #[serde(default)]
@@ -513,7 +523,9 @@ impl EndpointBackend {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum FailureMode {
     /// Leave a failing backend out of merged lists.
