@@ -447,6 +447,9 @@ pub struct JwtConfig {
     /// Claim naming the caller's team.
     #[serde(default = "default_team_claim")]
     pub team_claim: String,
+    /// Team of a token that carries no `team_claim`. Without it such a token is refused (403)
+    /// when `[[auth.teams]]` are configured, so a missing claim never escapes a team's policy.
+    pub default_team: Option<String>,
     /// Clock skew tolerated on `exp` / `nbf`, in seconds.
     #[serde(default = "default_jwt_leeway_s")]
     pub leeway_s: u64,
@@ -1066,6 +1069,17 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
             return Err(invalid(
                 format!("auth.teams[{i}].name"),
                 format!("duplicate team {:?}", t.name),
+            ));
+        }
+    }
+    if let Some(t) = a.jwt.as_ref().and_then(|j| j.default_team.as_deref()) {
+        if t.is_empty() {
+            return Err(invalid("auth.jwt.default_team", "must not be empty"));
+        }
+        if !teams.is_empty() && !teams.contains(t) {
+            return Err(invalid(
+                "auth.jwt.default_team",
+                format!("{t:?} is not a configured [[auth.teams]] name"),
             ));
         }
     }

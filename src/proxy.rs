@@ -175,7 +175,7 @@ where
         })?;
     ctx.route = Some(route.name());
     // 1b. who is calling, and may they (before the body is read)
-    ctx.principal = state.auth.authenticate(&parts.headers, path)?;
+    ctx.principal = state.auth.authenticate(&parts.headers, path).await?;
     state.auth.rate_limit(ctx.principal.as_deref())?;
     // Held until the response head is out: a slot of `max_concurrent`, and the breaker's leave.
     let _admission = match route {
