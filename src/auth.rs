@@ -1,7 +1,8 @@
 //! Who is calling, and what they may do (docs/protocol.md §4, Auth; §8 items 3, 4, 19).
 //!
 //! Owns: authentication of the client's `Authorization: Bearer` credential (static API keys or
-//! JWTs checked against a JWKS), the Protected Resource Metadata document (RFC 9728), team
+//! JWTs checked against a JWKS, verified by the `jsonwebtoken` crate), the mapping of a JWT's
+//! team claim to a team, the Protected Resource Metadata document (RFC 9728), team
 //! authorization (`allow_teams`, tool allow/deny), per-principal rate limits, and the cache
 //! partition of a caller.
 //! Must not: forward the client's credential anywhere (`frontend::forwardable` already drops
@@ -15,18 +16,25 @@
 //!   configured digest is compared in constant time.
 //! - A tool policy is only ever applied to a parsed, header-checked body (`can_pass_through`
 //!   is false for a governed caller), so a forged `Mcp-Name` cannot steer it.
+//! - With `[[auth.teams]]` configured, a JWT principal always has a team: its one team claim or
+//!   `default_team`; otherwise it is refused (403), so a token cannot shed its team's policy by
+//!   leaving the claim out.
+//! - An unknown `kid` fetches the JWKS URL again at most once per
+//!   `JWKS_UNKNOWN_KID_MIN_INTERVAL`, whatever the tokens say.
 
 use arc_swap::ArcSwap;
-use base64::Engine;
 use bytes::Bytes;
 
 use http::HeaderMap;
-use ring::{digest, hmac, signature};
+use jsonwebtoken::errors::ErrorKind as JwtError;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, KeyAlgorithm, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use ring::digest;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::cache::Partition;
 use crate::config::{AuthConfig, AuthMode, JwtConfig, RateLimitConfig, ToolFilter};
@@ -44,6 +52,18 @@ const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest JWKS document accepted.
 const MAX_JWKS_BYTES: usize = 1024 * 1024;
 
+/// A token whose `kid` is not in the JWKS fetches `jwks_url` again (the IdP may have rotated
+/// keys since the last periodic refresh), but at most once per this interval: the `kid` is
+/// chosen by whoever sends the token, so it must not drive the IdP's load.
+pub const JWKS_UNKNOWN_KID_MIN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The algorithms accepted, one per key type: `oct` → HS256, `RSA` → RS256, `EC` P-256 → ES256
+/// (README, Security model).
+const ALGORITHMS: [Algorithm; 3] = [Algorithm::HS256, Algorithm::RS256, Algorithm::ES256];
+
+/// Smallest RSA modulus accepted, in bytes (2048 bits).
+const MIN_RSA_MODULUS_BYTES: usize = 256;
+
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
@@ -52,27 +72,25 @@ pub struct Principal {
     pub team: Option<String>,
 }
 
-/// A verification key from a JWKS.
-enum VerifyKey {
-    Hmac(hmac::Key),
-    Rsa {
-        n: Vec<u8>,
-        e: Vec<u8>,
-    },
-    /// Uncompressed P-256 point (`0x04 || x || y`).
-    Ec(Vec<u8>),
-}
-
+/// A verification key from a JWKS, with the one algorithm it verifies.
 pub struct Jwk {
     kid: Option<String>,
-    key: VerifyKey,
+    alg: Algorithm,
+    key: DecodingKey,
 }
 
 struct Jwt {
     cfg: JwtConfig,
     keys: ArcSwap<Vec<Jwk>>,
+    /// The claim checks for each accepted algorithm (`jsonwebtoken` wants the algorithm in
+    /// them), built once from `cfg`.
+    validations: [Validation; 3],
     /// For an `https://` `jwks_url`: the same rustls setup as backends (`ca_file` honoured).
     tls: Option<tokio_rustls::TlsConnector>,
+    /// Taken for every JWKS fetch, periodic or for an unknown `kid`: a burst of tokens with a
+    /// new `kid` waits for one fetch instead of starting many. Holds when the last fetch for an
+    /// unknown `kid` started (`JWKS_UNKNOWN_KID_MIN_INTERVAL`).
+    fetch: tokio::sync::Mutex<Option<Instant>>,
 }
 
 /// One token bucket.
@@ -110,6 +128,32 @@ pub enum AuthFailure {
     BadSignature,
     #[error("token issuer or audience not accepted")]
     WrongIssuerOrAudience,
+    #[error("token algorithm not accepted")]
+    UnsupportedAlgorithm,
+    #[error("token has a critical header parameter portico does not implement")]
+    CriticalHeader,
+    #[error("no key for the token's kid")]
+    UnknownKey,
+    // The token is genuine but names no usable team: 403, not 401 (a new token from the same
+    // IdP would say the same).
+    #[error("the token has no {claim:?} claim and [auth.jwt] default_team is not set")]
+    NoTeam { claim: String },
+    #[error("ambiguous team claim {claim:?}: the token names several teams, portico needs one")]
+    AmbiguousTeam { claim: String },
+    #[error("team claim {claim:?} is neither a string nor an array of one string")]
+    MalformedTeam { claim: String },
+}
+
+impl AuthFailure {
+    /// Authenticated, but not allowed in: 403 rather than 401.
+    fn is_forbidden(&self) -> bool {
+        matches!(
+            self,
+            AuthFailure::NoTeam { .. }
+                | AuthFailure::AmbiguousTeam { .. }
+                | AuthFailure::MalformedTeam { .. }
+        )
+    }
 }
 
 impl Auth {
@@ -148,9 +192,11 @@ impl Auth {
                     _ => None,
                 };
                 Some(Arc::new(Jwt {
+                    validations: ALGORITHMS.map(|alg| validation(j, alg)),
                     cfg: j.clone(),
                     keys: ArcSwap::from_pointee(keys),
                     tls,
+                    fetch: tokio::sync::Mutex::new(None),
                 }))
             }
             _ => None,
@@ -182,17 +228,20 @@ impl Auth {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let tls = jwt.tls.clone();
         let weak: Weak<Jwt> = Arc::downgrade(jwt);
         let every = Duration::from_millis(jwt.cfg.jwks_refresh_ms.max(1000));
         rt.spawn(async move {
             loop {
-                let fetched = fetch_jwks(&url, tls.as_ref()).await;
                 let Some(jwt) = weak.upgrade() else { return };
-                match fetched {
-                    Ok(keys) => jwt.keys.store(Arc::new(keys)),
-                    // Keep the old keys: a flaky IdP must not log everybody out.
-                    Err(error) => tracing::warn!(%url, %error, "JWKS refresh failed"),
+                {
+                    // Held during the fetch: a token that arrives before the first fetch ends
+                    // waits for its keys instead of fetching them a second time.
+                    let _turn = jwt.fetch.lock().await;
+                    match fetch_jwks(&url, jwt.tls.as_ref()).await {
+                        Ok(keys) => jwt.keys.store(Arc::new(keys)),
+                        // Keep the old keys: a flaky IdP must not log everybody out.
+                        Err(error) => tracing::warn!(%url, %error, "JWKS refresh failed"),
+                    }
                 }
                 drop(jwt);
                 tokio::time::sleep(every).await;
@@ -204,8 +253,9 @@ impl Auth {
         self.mode
     }
 
-    /// Step 1b of the pipeline: who is calling. `Ok(None)` only in mode `none`.
-    pub fn authenticate(
+    /// Step 1b of the pipeline: who is calling. `Ok(None)` only in mode `none`. Async only for
+    /// a JWT with an unknown `kid`, which may wait for a JWKS fetch.
+    pub async fn authenticate(
         &self,
         headers: &HeaderMap,
         path: &str,
@@ -213,10 +263,16 @@ impl Auth {
         let result = match self.mode {
             AuthMode::None => return Ok(None),
             AuthMode::ApiKeys => bearer(headers).and_then(|t| self.check_key(t)),
-            AuthMode::Jwt => bearer(headers).and_then(|t| self.check_jwt(t, unix_now())),
+            AuthMode::Jwt => match bearer(headers) {
+                Ok(token) => self.check_jwt_refetching(token).await,
+                Err(e) => Err(e),
+            },
         };
         result.map(Some).map_err(|failure| {
             tracing::debug!(%failure, path, "authentication failed");
+            if failure.is_forbidden() {
+                return GatewayError::Forbidden(failure.to_string());
+            }
             GatewayError::Unauthorized {
                 reason: failure.to_string(),
                 token_given: failure != AuthFailure::Missing,
@@ -237,81 +293,67 @@ impl Auth {
         found.ok_or(AuthFailure::Invalid)
     }
 
-    /// Verifies a compact JWS and its claims at time `now` (seconds since the epoch).
-    pub fn check_jwt(&self, token: &str, now: u64) -> Result<Arc<Principal>, AuthFailure> {
+    /// Verifies a compact JWS and its claims against the keys held now, and maps it to a
+    /// principal. Never fetches: an unknown `kid` is `AuthFailure::UnknownKey`.
+    pub fn check_jwt(&self, token: &str) -> Result<Arc<Principal>, AuthFailure> {
         let jwt = self.jwt.as_ref().ok_or(AuthFailure::Invalid)?;
-        let mut parts = token.split('.');
-        let (Some(h64), Some(c64), Some(s64), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(AuthFailure::Invalid);
-        };
-        let header: JwsHeader =
-            serde_json::from_slice(&b64(h64)?).map_err(|_| AuthFailure::Invalid)?;
-        let sig = b64(s64)?;
-        let signed = &token.as_bytes()[..h64.len() + 1 + c64.len()];
-        let keys = jwt.keys.load();
-        let candidates = keys.iter().filter(|k| match (&header.kid, &k.kid) {
-            (Some(want), Some(have)) => want == have,
-            _ => true,
-        });
-        let mut verified = false;
-        for k in candidates {
-            let ok = match (header.alg.as_str(), &k.key) {
-                ("HS256", VerifyKey::Hmac(key)) => hmac::verify(key, signed, &sig).is_ok(),
-                ("RS256", VerifyKey::Rsa { n, e }) => signature::RsaPublicKeyComponents { n, e }
-                    .verify(&signature::RSA_PKCS1_2048_8192_SHA256, signed, &sig)
-                    .is_ok(),
-                ("ES256", VerifyKey::Ec(point)) => {
-                    signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, point)
-                        .verify(signed, &sig)
-                        .is_ok()
-                }
-                _ => false,
-            };
-            if ok {
-                verified = true;
-                break;
+        let claims = jwt.verify(&jwt.keys.load(), token)?;
+        self.principal_of(&jwt.cfg, &claims)
+    }
+
+    /// `check_jwt`, and on an unknown `kid` one JWKS fetch (rate limited) and a second try.
+    async fn check_jwt_refetching(&self, token: &str) -> Result<Arc<Principal>, AuthFailure> {
+        let jwt = self.jwt.as_ref().ok_or(AuthFailure::Invalid)?;
+        let seen = jwt.keys.load_full();
+        let claims = match jwt.verify(&seen, token) {
+            Err(AuthFailure::UnknownKey) if jwt.refetch_for_unknown_kid(&seen).await => {
+                jwt.verify(&jwt.keys.load(), token)?
             }
-        }
-        if !verified {
-            return Err(AuthFailure::BadSignature);
-        }
-        let claims: Value = serde_json::from_slice(&b64(c64)?).map_err(|_| AuthFailure::Invalid)?;
-        let leeway = jwt.cfg.leeway_s;
-        let Some(exp) = claims.get("exp").and_then(Value::as_f64) else {
-            return Err(AuthFailure::Invalid);
+            other => other?,
         };
-        if exp + (leeway as f64) < now as f64 {
-            return Err(AuthFailure::Expired);
-        }
-        if let Some(nbf) = claims.get("nbf").and_then(Value::as_f64)
-            && nbf > (now + leeway) as f64
-        {
-            return Err(AuthFailure::NotYetValid);
-        }
-        if let Some(iss) = &jwt.cfg.issuer
-            && claims.get("iss").and_then(Value::as_str) != Some(iss.as_str())
-        {
-            return Err(AuthFailure::WrongIssuerOrAudience);
-        }
-        if let Some(aud) = &jwt.cfg.audience {
-            let ok = match claims.get("aud") {
-                Some(Value::String(a)) => a == aud,
-                Some(Value::Array(list)) => list.iter().any(|a| a.as_str() == Some(aud)),
-                _ => false,
-            };
-            if !ok {
-                return Err(AuthFailure::WrongIssuerOrAudience);
-            }
-        }
+        self.principal_of(&jwt.cfg, &claims)
+    }
+
+    /// `sub` and the team of verified claims. The team claim is a string, or an array of
+    /// exactly one string (README, Security model); absent, `null`, `""` or `[]` mean no team,
+    /// which is `default_team`, or a refusal when `[[auth.teams]]` exist (a policy would be
+    /// escaped otherwise).
+    fn principal_of(&self, cfg: &JwtConfig, claims: &Value) -> Result<Arc<Principal>, AuthFailure> {
         let Some(sub) = claims.get("sub").and_then(Value::as_str) else {
             return Err(AuthFailure::Invalid);
         };
-        let team = match claims.get(&jwt.cfg.team_claim) {
-            Some(Value::String(t)) => Some(t.clone()),
-            Some(Value::Array(list)) => list.iter().find_map(|t| t.as_str().map(String::from)),
-            _ => None,
+        let claim = &cfg.team_claim;
+        let malformed = || AuthFailure::MalformedTeam {
+            claim: claim.clone(),
+        };
+        let named = match claims.get(claim) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(t)) => Some(t.as_str()),
+            Some(Value::Array(list)) => match list.as_slice() {
+                [] => None,
+                [Value::String(t)] => Some(t.as_str()),
+                [_] => return Err(malformed()),
+                _ if list.iter().all(Value::is_string) => {
+                    return Err(AuthFailure::AmbiguousTeam {
+                        claim: claim.clone(),
+                    });
+                }
+                _ => return Err(malformed()),
+            },
+            Some(_) => return Err(malformed()),
+        }
+        .filter(|t| !t.is_empty());
+        let team = match named {
+            Some(t) => Some(t.to_string()),
+            None => match &cfg.default_team {
+                Some(t) => Some(t.clone()),
+                None if !self.teams.is_empty() => {
+                    return Err(AuthFailure::NoTeam {
+                        claim: claim.clone(),
+                    });
+                }
+                None => None,
+            },
         };
         Ok(Arc::new(Principal {
             id: sub.to_string(),
@@ -438,62 +480,182 @@ pub fn partition(principal: Option<&Principal>, headers: &HeaderMap) -> Partitio
     }
 }
 
-#[derive(Deserialize)]
-struct JwsHeader {
-    alg: String,
-    kid: Option<String>,
+impl Jwt {
+    /// Checks the signature with the keys `keys` and the claims (`exp`, `nbf`, `iss`, `aud`
+    /// with `leeway_s`; `exp` and `sub` required), and returns the claims.
+    fn verify(&self, keys: &[Jwk], token: &str) -> Result<Value, AuthFailure> {
+        let header = jsonwebtoken::decode_header(token).map_err(|_| AuthFailure::Invalid)?;
+        // RFC 7515 §4.1.11: a recipient must refuse a token whose `crit` lists a parameter it
+        // does not implement, and portico implements no JWS extension.
+        if header.crit.is_some() {
+            return Err(AuthFailure::CriticalHeader);
+        }
+        let Some(i) = ALGORITHMS.iter().position(|a| *a == header.alg) else {
+            return Err(AuthFailure::UnsupportedAlgorithm);
+        };
+        let kid = header.kid.as_deref();
+        let mut failure = match kid {
+            Some(want) if !keys.iter().any(|k| k.kid.as_deref() == Some(want)) => {
+                AuthFailure::UnknownKey
+            }
+            _ => AuthFailure::BadSignature,
+        };
+        // A key without `kid` is tried for any token of its algorithm; one with a `kid` only
+        // for tokens naming it.
+        let candidates = keys
+            .iter()
+            .filter(|k| k.alg == header.alg)
+            .filter(|k| kid.is_none() || k.kid.is_none() || k.kid.as_deref() == kid);
+        for k in candidates {
+            match jsonwebtoken::decode::<Value>(token, &k.key, &self.validations[i]) {
+                Ok(data) => return Ok(data.claims),
+                // Not this key (the signature is checked before the claims, and a key the
+                // crypto backend cannot use fails before either): try the next one.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        JwtError::InvalidSignature
+                            | JwtError::InvalidKeyFormat
+                            | JwtError::InvalidRsaKey(_)
+                            | JwtError::InvalidEcdsaKey
+                    ) => {}
+                Err(e) => {
+                    failure = claim_failure(e.kind());
+                    break;
+                }
+            }
+        }
+        Err(failure)
+    }
+
+    /// Fetches `jwks_url` again for a token whose `kid` is not in `seen`, unless the keys
+    /// changed meanwhile or the last such fetch is younger than
+    /// `JWKS_UNKNOWN_KID_MIN_INTERVAL`. True when the keys may now hold the `kid`.
+    async fn refetch_for_unknown_kid(&self, seen: &Arc<Vec<Jwk>>) -> bool {
+        let Some(url) = &self.cfg.jwks_url else {
+            return false;
+        };
+        let mut last = self.fetch.lock().await;
+        if !Arc::ptr_eq(&self.keys.load_full(), seen) {
+            return true;
+        }
+        if last.is_some_and(|t| t.elapsed() < JWKS_UNKNOWN_KID_MIN_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        match fetch_jwks(url, self.tls.as_ref()).await {
+            Ok(keys) => {
+                tracing::info!(%url, "JWKS fetched for an unknown kid");
+                self.keys.store(Arc::new(keys));
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%url, %error, "JWKS fetch for an unknown kid failed");
+                false
+            }
+        }
+    }
+}
+
+/// The claim checks of `[auth.jwt]` for tokens signed with `alg`.
+fn validation(cfg: &JwtConfig, alg: Algorithm) -> Validation {
+    let mut v = Validation::new(alg);
+    v.leeway = cfg.leeway_s;
+    v.validate_exp = true;
+    v.validate_nbf = true;
+    // `jsonwebtoken` checks `iss`/`aud` only when present: a configured one is also required.
+    let mut required = vec!["exp", "sub"];
+    if let Some(iss) = &cfg.issuer {
+        v.set_issuer(&[iss]);
+        required.push("iss");
+    }
+    match &cfg.audience {
+        Some(aud) => {
+            v.set_audience(&[aud]);
+            required.push("aud");
+        }
+        // No audience configured: `aud` is not portico's to judge (the crate would refuse any).
+        None => v.validate_aud = false,
+    }
+    v.set_required_spec_claims(&required);
+    v
+}
+
+/// The failure for a token whose signature verified but whose claims did not.
+fn claim_failure(kind: &JwtError) -> AuthFailure {
+    match kind {
+        JwtError::ExpiredSignature => AuthFailure::Expired,
+        JwtError::ImmatureSignature => AuthFailure::NotYetValid,
+        JwtError::InvalidIssuer | JwtError::InvalidAudience => AuthFailure::WrongIssuerOrAudience,
+        JwtError::MissingRequiredClaim(c) if c == "iss" || c == "aud" => {
+            AuthFailure::WrongIssuerOrAudience
+        }
+        _ => AuthFailure::Invalid,
+    }
 }
 
 #[derive(Deserialize)]
 struct JwksDoc {
-    keys: Vec<JwkDoc>,
+    keys: Vec<Value>,
 }
 
-#[derive(Deserialize)]
-struct JwkDoc {
-    kty: String,
-    kid: Option<String>,
-    #[serde(rename = "use")]
-    use_: Option<String>,
-    k: Option<String>,
-    n: Option<String>,
-    e: Option<String>,
-    crv: Option<String>,
-    x: Option<String>,
-    y: Option<String>,
-}
-
-/// Parses a JWKS document. Keys of unknown types (or not for signatures) are skipped.
+/// Parses a JWKS document. Keys that are not for signatures, of other types or algorithms, or
+/// malformed are skipped, so one odd key cannot hide the others.
 pub fn parse_jwks(text: &[u8]) -> Result<Vec<Jwk>, String> {
     let doc: JwksDoc = serde_json::from_slice(text).map_err(|e| format!("not a JWKS: {e}"))?;
-    let mut out = Vec::new();
-    for k in doc.keys {
-        if k.use_.as_deref().is_some_and(|u| u != "sig") {
-            continue;
-        }
-        let dec = |f: &Option<String>| f.as_deref().and_then(|s| b64(s).ok());
-        let key = match k.kty.as_str() {
-            "oct" => dec(&k.k).map(|s| VerifyKey::Hmac(hmac::Key::new(hmac::HMAC_SHA256, &s))),
-            "RSA" => match (dec(&k.n), dec(&k.e)) {
-                (Some(n), Some(e)) => Some(VerifyKey::Rsa { n, e }),
-                _ => None,
-            },
-            "EC" if k.crv.as_deref() == Some("P-256") => match (dec(&k.x), dec(&k.y)) {
-                (Some(x), Some(y)) if x.len() == 32 && y.len() == 32 => {
-                    let mut p = vec![4u8];
-                    p.extend_from_slice(&x);
-                    p.extend_from_slice(&y);
-                    Some(VerifyKey::Ec(p))
-                }
-                _ => None,
-            },
-            _ => None,
-        };
-        if let Some(key) = key {
-            out.push(Jwk { kid: k.kid, key });
-        }
+    Ok(doc
+        .keys
+        .into_iter()
+        .filter_map(|k| serde_json::from_value(k).ok())
+        .filter_map(verification_key)
+        .collect())
+}
+
+fn verification_key(jwk: jsonwebtoken::jwk::Jwk) -> Option<Jwk> {
+    if jwk
+        .common
+        .public_key_use
+        .as_ref()
+        .is_some_and(|u| *u != PublicKeyUse::Signature)
+    {
+        return None;
     }
-    Ok(out)
+    // Built from the decoded members rather than with `DecodingKey::from_jwk`, which refuses
+    // padded base64url (accepted before, so a JWKS that loaded still loads).
+    let (alg, named, key) = match &jwk.algorithm {
+        AlgorithmParameters::OctetKey(p) => (
+            Algorithm::HS256,
+            KeyAlgorithm::HS256,
+            DecodingKey::from_secret(&b64(&p.value)?).ok()?,
+        ),
+        AlgorithmParameters::RSA(p) => {
+            let (n, e) = (b64(&p.n)?, b64(&p.e)?);
+            let bytes = n.len() - n.iter().take_while(|b| **b == 0).count();
+            if bytes < MIN_RSA_MODULUS_BYTES {
+                return None;
+            }
+            let key = DecodingKey::from_rsa_raw_components(&n, &e);
+            (Algorithm::RS256, KeyAlgorithm::RS256, key)
+        }
+        AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => {
+            let (x, y) = (p.x.trim_end_matches('='), p.y.trim_end_matches('='));
+            if b64(x)?.len() != 32 || b64(y)?.len() != 32 {
+                return None;
+            }
+            let key = DecodingKey::from_ec_components(x, y).ok()?;
+            (Algorithm::ES256, KeyAlgorithm::ES256, key)
+        }
+        _ => return None,
+    };
+    // RFC 7517 §4.4: a key that names its algorithm is for that algorithm only.
+    if jwk.common.key_algorithm.is_some_and(|a| a != named) {
+        return None;
+    }
+    Some(Jwk {
+        kid: jwk.common.key_id,
+        alg,
+        key,
+    })
 }
 
 /// Fetches a JWKS over HTTP or, with `tls`, HTTPS: one HTTP/1.1 GET on a fresh connection
@@ -577,10 +739,12 @@ fn bearer(headers: &HeaderMap) -> Result<&str, AuthFailure> {
     Ok(token.trim())
 }
 
-fn b64(s: &str) -> Result<Vec<u8>, AuthFailure> {
+/// A base64url JWK member (padding tolerated).
+fn b64(s: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(s.trim_end_matches('='))
-        .map_err(|_| AuthFailure::Invalid)
+        .ok()
 }
 
 fn sha256(b: &[u8]) -> [u8; 32] {
@@ -596,16 +760,45 @@ fn ring_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jwks_keeps_signature_keys_of_the_three_algorithms_only() {
+        use base64::Engine;
+        let b = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let (n2048, n1024, p32) = (b(&[0xc5; 256]), b(&[0xc5; 128]), b(&[7; 32]));
+        let doc = serde_json::json!({"keys": [
+            {"kty": "oct", "kid": "hs", "k": b(b"secret")},
+            {"kty": "oct", "kid": "padded", "k": "c2VjcmV0MQ=="},
+            {"kty": "oct", "kid": "enc", "use": "enc", "k": b(b"secret")},
+            {"kty": "oct", "kid": "hs512", "alg": "HS512", "k": b(b"secret")},
+            {"kty": "RSA", "kid": "rs", "alg": "RS256", "n": n2048, "e": "AQAB"},
+            {"kty": "RSA", "kid": "weak", "n": n1024, "e": "AQAB"},
+            {"kty": "EC", "kid": "es", "crv": "P-256", "x": p32, "y": p32},
+            {"kty": "EC", "kid": "p384", "crv": "P-384", "x": b(&[7; 48]), "y": b(&[7; 48])},
+            {"kty": "EC", "kid": "short", "crv": "P-256", "x": b(&[7; 31]), "y": p32},
+            {"kty": "EC", "kid": "broken"},
+            {"kty": "OKP", "kid": "ed", "crv": "Ed25519", "x": p32},
+            "not a key",
+        ]});
+        let keys = parse_jwks(doc.to_string().as_bytes()).unwrap();
+        let got: Vec<(&str, Algorithm)> = keys
+            .iter()
+            .map(|k| (k.kid.as_deref().unwrap_or(""), k.alg))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("hs", Algorithm::HS256),
+                ("padded", Algorithm::HS256),
+                ("rs", Algorithm::RS256),
+                ("es", Algorithm::ES256),
+            ]
+        );
+        assert!(parse_jwks(b"{\"nokeys\": []}").is_err());
+    }
 
     #[test]
     fn constant_time_eq() {

@@ -68,7 +68,7 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
 }
 
 /// The whole file.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -90,7 +90,7 @@ pub struct Config {
 }
 
 /// `[server]`: the client-facing listener.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// Address to bind, `host:port`.
@@ -157,7 +157,7 @@ impl Default for ServerConfig {
 }
 
 /// `[log]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LogConfig {
     /// One line per request (method, backend, status, duration).
@@ -181,7 +181,9 @@ impl Default for LogConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -190,7 +192,7 @@ pub enum LogFormat {
 }
 
 /// `[metrics]`: the second listener, serving `/metrics`, `/healthz` and `/readyz`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Address to bind, `host:port` (plain HTTP; keep it off the public network).
@@ -220,7 +222,7 @@ impl Default for MetricsConfig {
 }
 
 /// `[sessions]`: legacy-client session ids.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionsConfig {
     /// 32 bytes, base64 or hex; `${ENV}` expanded. Absent or empty: a random key per process.
@@ -240,7 +242,7 @@ impl Default for SessionsConfig {
 }
 
 /// `[cache]`: the shared list cache.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CacheConfig {
     #[serde(default = "default_true")]
@@ -285,7 +287,9 @@ impl Default for CacheConfig {
 }
 
 /// Which revision a backend speaks.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// Probe with `server/discover` on first use.
@@ -296,7 +300,9 @@ pub enum Protocol {
 }
 
 /// When the gateway reads the request body of a pass-through request.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum VerifyBody {
     /// Only when a gateway decision depends on it.
@@ -307,7 +313,9 @@ pub enum VerifyBody {
 }
 
 /// `cacheScope` values.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheScope {
     Public,
@@ -316,7 +324,7 @@ pub enum CacheScope {
 }
 
 /// `[[backends]]`: one upstream MCP server, served at `/mcp/<name>`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     pub name: String,
@@ -383,7 +391,7 @@ pub struct BackendConfig {
 }
 
 /// `[auth]`: who may call portico (docs/protocol.md §4, Auth).
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     #[serde(default)]
@@ -409,7 +417,9 @@ pub struct AuthConfig {
     pub teams: Vec<TeamConfig>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMode {
     #[default]
@@ -419,7 +429,7 @@ pub enum AuthMode {
 }
 
 /// `[[auth.api_keys]]`: one static bearer key. The key itself never sits in the file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
     /// Environment variable holding the key.
@@ -434,7 +444,7 @@ pub struct ApiKeyConfig {
 }
 
 /// `[auth.jwt]`: bearer JWTs signed with HS256, RS256 or ES256.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JwtConfig {
     /// A JWKS (`{"keys":[…]}`) file.
@@ -452,13 +462,16 @@ pub struct JwtConfig {
     /// Claim naming the caller's team.
     #[serde(default = "default_team_claim")]
     pub team_claim: String,
+    /// Team of a token that carries no `team_claim`. Without it such a token is refused (403)
+    /// when `[[auth.teams]]` are configured, so a missing claim never escapes a team's policy.
+    pub default_team: Option<String>,
     /// Clock skew tolerated on `exp` / `nbf`, in seconds.
     #[serde(default = "default_jwt_leeway_s")]
     pub leeway_s: u64,
 }
 
 /// A token bucket: `per_second` sustained, `burst` at once.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub per_second: f64,
@@ -466,7 +479,7 @@ pub struct RateLimitConfig {
 }
 
 /// `[[auth.teams]]`: what a team's principals may do.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TeamConfig {
     pub name: String,
@@ -477,7 +490,7 @@ pub struct TeamConfig {
 }
 
 /// `[[endpoints]]`: several backends served as one MCP server.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointConfig {
     pub path: String,
@@ -492,14 +505,14 @@ pub struct EndpointConfig {
 }
 
 /// A member of an endpoint: a backend name, or a table with options.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum EndpointBackend {
     Name(String),
     Detailed(EndpointBackendDetail),
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointBackendDetail {
     pub name: String,
@@ -510,7 +523,7 @@ pub struct EndpointBackendDetail {
 }
 
 /// Glob allow/deny lists over tool names (`*` and `?`).
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolFilter {
     #[serde(default)]
@@ -528,7 +541,9 @@ impl EndpointBackend {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum FailureMode {
     /// Leave a failing backend out of merged lists.
@@ -1075,6 +1090,17 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
             return Err(invalid(
                 format!("auth.teams[{i}].name"),
                 format!("duplicate team {:?}", t.name),
+            ));
+        }
+    }
+    if let Some(t) = a.jwt.as_ref().and_then(|j| j.default_team.as_deref()) {
+        if t.is_empty() {
+            return Err(invalid("auth.jwt.default_team", "must not be empty"));
+        }
+        if !teams.is_empty() && !teams.contains(t) {
+            return Err(invalid(
+                "auth.jwt.default_team",
+                format!("{t:?} is not a configured [[auth.teams]] name"),
             ));
         }
     }

@@ -58,7 +58,7 @@ pub fn front_end(data: &[u8]) {
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        let _ = jwt_auth().check_jwt(token, 1_700_000_000);
+        let _ = jwt_auth().check_jwt(token);
     }
     let _ = crate::auth::parse_jwks(body);
 }
@@ -84,6 +84,7 @@ fn jwt_auth() -> &'static Auth {
                 issuer: Some("i".into()),
                 audience: Some("a".into()),
                 team_claim: "team".into(),
+                default_team: None,
                 leeway_s: 0,
             }),
             ..Default::default()

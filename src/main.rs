@@ -1,10 +1,16 @@
-//! The `portico` command: argument parsing, logging setup, runtime, signals. Everything else
-//! lives in the library.
+//! The `portico` command: argument parsing (clap), logging setup, runtime, signals. Everything
+//! else lives in the library. Subcommands: `serve` (the default), `check`, `stdio`,
+//! `config schema` (README, Other commands).
 
 #![forbid(unsafe_code)]
 
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use portico::config::{self, LogFormat};
 
@@ -14,104 +20,182 @@ use portico::config::{self, LogFormat};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str = "\
-usage: portico --config FILE          run the gateway
-       portico --check --config FILE  validate the config and exit
-       portico stdio --config FILE [--endpoint /mcp/NAME] [--max-line-bytes N]
-       portico stdio --url URL [--header 'K: V']... [--max-line-bytes N]
-                                      serve one endpoint over stdin/stdout
-       portico --version";
+/// `portico`: no subcommand means `serve`, so `portico --config F` (the form in deploy/ and
+/// tests) keeps working.
+#[derive(Parser)]
+#[command(
+    name = "portico",
+    version,
+    about = "An MCP gateway: one address in front of your Model Context Protocol servers.",
+    propagate_version = true,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
 
-struct Args {
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway (the default when no subcommand is given).
+    Serve(ServeArgs),
+    /// Validate a config file and exit; non-zero with the offending key on error.
+    Check(CheckArgs),
+    /// Serve one backend or endpoint over stdin/stdout (newline-delimited JSON-RPC; logs on
+    /// stderr), for clients that can only launch a command.
+    Stdio(StdioArgs),
+    /// Config file tools.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the JSON Schema (draft-07) of the config file, for editors and linters.
+    Schema,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// The config file (TOML).
+    #[arg(short, long, value_name = "FILE", env = CONFIG_ENV)]
     config: Option<PathBuf>,
+    /// Validate the config and exit (the older spelling of `portico check`).
+    #[arg(short = 't', long, hide = true)]
     check: bool,
-    version: bool,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        config: None,
-        check: false,
-        version: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--config" | "-c" => {
-                args.config = Some(it.next().ok_or("--config needs a file")?.into());
-            }
-            "--check" | "-t" => args.check = true,
-            "--version" | "-V" => args.version = true,
-            "--help" | "-h" => return Err(String::new()),
-            other => {
-                if let Some(v) = other.strip_prefix("--config=") {
-                    args.config = Some(v.into());
-                } else {
-                    return Err(format!("unknown argument {other:?}"));
-                }
-            }
-        }
-    }
-    Ok(args)
+#[derive(Args)]
+struct CheckArgs {
+    /// The config file (TOML).
+    #[arg(short, long, value_name = "FILE", env = CONFIG_ENV)]
+    config: PathBuf,
 }
 
-/// `portico stdio …`.
+#[derive(Args)]
+#[command(
+    after_help = "Exactly one of --config and --url. --config falls back to \
+    $PORTICO_CONFIG only without --url."
+)]
 struct StdioArgs {
+    /// Serve a backend or endpoint of this config file.
+    #[arg(short, long, value_name = "FILE", env = CONFIG_ENV)]
     config: Option<PathBuf>,
+    /// Serve this one Streamable HTTP upstream, without a config file.
+    #[arg(long, value_name = "URL")]
     url: Option<String>,
+    /// A header sent to the --url upstream (`${VAR}` expanded); repeatable.
+    #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
     headers: Vec<String>,
+    /// Which backend or endpoint of --config to serve, when it has several.
+    #[arg(long, value_name = "/mcp/NAME")]
     endpoint: Option<String>,
+    /// Longest stdin line accepted.
+    #[arg(long, value_name = "N", value_parser = positive)]
     max_line_bytes: Option<usize>,
+    /// The credential this stdio client stands behind (the `Authorization` value an HTTP client
+    /// would send, e.g. "Bearer KEY"): with `[auth]` in --config, team policies, allow_teams and
+    /// rate limits apply as on HTTP. Prefer the environment variable (not visible in `ps`).
+    #[arg(
+        long,
+        value_name = "VALUE",
+        env = "PORTICO_AUTHORIZATION",
+        hide_env_values = true
+    )]
+    authorization: Option<String>,
 }
 
-fn parse_stdio_args(mut it: impl Iterator<Item = String>) -> Result<StdioArgs, String> {
-    let mut a = StdioArgs {
-        config: None,
-        url: None,
-        headers: Vec::new(),
-        endpoint: None,
-        max_line_bytes: None,
+/// Environment variable read when `--config` is not given.
+const CONFIG_ENV: &str = "PORTICO_CONFIG";
+
+fn positive(v: &str) -> Result<usize, String> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{v:?}: want a positive number"))
+}
+
+/// A usage error in the style of clap's own (message, usage line, exit code 2).
+fn usage_error(subcommand: Option<&str>, message: &str) -> ! {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let cmd = match subcommand.and_then(|name| cmd.find_subcommand_mut(name)) {
+        Some(sub) => sub,
+        None => &mut cmd,
     };
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |what: &str| {
-            inline
-                .clone()
-                .or_else(|| it.next())
-                .ok_or(format!("{flag} needs {what}"))
-        };
-        match flag.as_str() {
-            "--config" | "-c" => a.config = Some(value("a file")?.into()),
-            "--url" => a.url = Some(value("a URL")?),
-            "--header" | "-H" => a.headers.push(value("\"Name: value\"")?),
-            "--endpoint" => a.endpoint = Some(value("a path")?),
-            "--max-line-bytes" => {
-                let v = value("a number")?;
-                let n = v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or(format!("--max-line-bytes {v:?}: want a positive number"))?;
-                a.max_line_bytes = Some(n);
-            }
-            "--help" | "-h" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
+    cmd.error(ErrorKind::ArgumentConflict, message).exit()
+}
+
+/// The stdio rules clap's attributes cannot say: exactly one of --config / --url, where a
+/// `PORTICO_CONFIG` from the environment yields to an explicit --url.
+fn check_stdio_args(mut a: StdioArgs, matches: &ArgMatches) -> StdioArgs {
+    let config_from_env = matches
+        .subcommand_matches("stdio")
+        .and_then(|m| m.value_source("config"))
+        == Some(ValueSource::EnvVariable);
+    if config_from_env && a.url.is_some() {
+        a.config = None;
     }
-    match (&a.config, &a.url) {
+    let problem = match (&a.config, &a.url) {
         (Some(_), Some(_)) | (None, None) => {
-            Err("stdio needs exactly one of --config FILE or --url URL".into())
+            Some("stdio needs exactly one of --config FILE or --url URL")
         }
         (Some(_), None) if !a.headers.is_empty() => {
-            Err("--header goes with --url; put headers in the config file".into())
+            Some("--header goes with --url; put headers in the config file")
         }
         (None, Some(_)) if a.endpoint.is_some() => {
-            Err("--endpoint goes with --config; --url serves its one upstream".into())
+            Some("--endpoint goes with --config; --url serves its one upstream")
         }
-        _ => Ok(a),
+        _ => None,
+    };
+    if let Some(message) = problem {
+        usage_error(Some("stdio"), message);
+    }
+    a
+}
+
+/// `portico config schema`: the schema `schemars` derives from the config structs, which
+/// carries their `deny_unknown_fields`, defaults and doc comments. Draft-07 rather than
+/// 2020-12: it is the draft TOML editors' language servers (taplo) validate most reliably.
+/// Cross-field rules (exactly one of `url`/`builtin`/`command`, …) are `portico check`'s.
+fn print_schema() -> ExitCode {
+    let mut schema = schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<config::Config>();
+    schema.insert("title".into(), "portico configuration".into());
+    let written = serde_json::to_string_pretty(&schema)
+        .map_err(std::io::Error::other)
+        .and_then(|text| writeln!(std::io::stdout().lock(), "{text}"));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        // `portico config schema | head`: the reader left; nothing to report.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("portico: cannot print the schema: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `portico check` / `portico --check`.
+fn check_main(path: &Path) -> ExitCode {
+    match config::load(path) {
+        Ok(config) => {
+            println!(
+                "portico: {}: ok ({} backends)",
+                path.display(),
+                config.backends.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("portico: {}: {e}", path.display());
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -144,7 +228,7 @@ fn stdio_main(args: StdioArgs) -> ExitCode {
         }
     };
     let opts = portico::stdio_front::StdioOptions {
-        authorization: std::env::var("PORTICO_AUTHORIZATION").ok(),
+        authorization: args.authorization,
         endpoint: args.endpoint,
         max_line_bytes: args.max_line_bytes,
     };
@@ -170,36 +254,29 @@ fn stdio_main(args: StdioArgs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() == Some("stdio") {
-        return match parse_stdio_args(std::env::args().skip(2)) {
-            Ok(a) => stdio_main(a),
-            Err(e) => {
-                if !e.is_empty() {
-                    eprintln!("portico: {e}");
-                }
-                eprintln!("{USAGE}");
-                ExitCode::from(2)
-            }
-        };
-    }
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("portico: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
     };
-    if args.version {
-        println!("portico {}", env!("CARGO_PKG_VERSION"));
-        return ExitCode::SUCCESS;
-    }
-    let Some(path) = args.config else {
-        eprintln!("portico: --config FILE is required\n{USAGE}");
-        return ExitCode::from(2);
+    let serve = match cli.command {
+        None => cli.serve,
+        Some(Command::Serve(args)) => args,
+        Some(Command::Check(args)) => return check_main(&args.config),
+        Some(Command::Stdio(args)) => return stdio_main(check_stdio_args(args, &matches)),
+        Some(Command::Config {
+            command: ConfigCommand::Schema,
+        }) => return print_schema(),
     };
+    let Some(path) = serve.config else {
+        usage_error(
+            None,
+            "--config FILE is required (or set PORTICO_CONFIG); see --help",
+        );
+    };
+    if serve.check {
+        return check_main(&path);
+    }
     let config = match config::load(&path) {
         Ok(c) => c,
         Err(e) => {
@@ -207,14 +284,6 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if args.check {
-        println!(
-            "portico: {}: ok ({} backends)",
-            path.display(),
-            config.backends.len()
-        );
-        return ExitCode::SUCCESS;
-    }
     init_logging(&config.log);
     // One worker: a current-thread runtime. Everything then runs on the thread that accepts,
     // with no work-stealing queues or cross-thread wake-ups — measurably cheaper per request

@@ -135,7 +135,7 @@ where
     let drain = Duration::from_millis(config.server.drain_timeout_ms);
     let state = Arc::new(State::build(config, Arc::new(Metrics::new()))?);
     let path = endpoint_path(&state, opts.endpoint.as_deref())?;
-    let caller = caller(&state, &path, opts.authorization.as_deref())?;
+    let caller = caller(&state, &path, opts.authorization.as_deref()).await?;
     tracing::info!(endpoint = %path, max_line, "portico stdio: serving");
     serve_stdio(
         state.clone(),
@@ -160,7 +160,11 @@ pub struct Caller {
     principal: Option<String>,
 }
 
-fn caller(state: &State, path: &str, authorization: Option<&str>) -> Result<Caller, StdioError> {
+async fn caller(
+    state: &State,
+    path: &str,
+    authorization: Option<&str>,
+) -> Result<Caller, StdioError> {
     let mut headers = HeaderMap::new();
     let value = match authorization {
         Some(a) => Some(HeaderValue::from_str(a).map_err(|_| {
@@ -174,6 +178,7 @@ fn caller(state: &State, path: &str, authorization: Option<&str>) -> Result<Call
     let principal = state
         .auth
         .authenticate(&headers, path)
+        .await
         .map_err(|e| StdioError::Endpoint(format!("portico stdio: {e}")))?;
     Ok(Caller {
         authorization: value,

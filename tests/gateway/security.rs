@@ -932,3 +932,263 @@ async fn a_legacy_session_belongs_to_the_principal_that_opened_it() {
     assert_eq!(still.status, 200);
     gw.stop().await;
 }
+
+// === JWT hardening: team claim rules, `crit`, refetch on an unknown `kid` ===
+
+fn hs_sign(m: &[u8]) -> Vec<u8> {
+    ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, HS_SECRET), m)
+        .as_ref()
+        .to_vec()
+}
+
+/// A compact JWS with exactly the protected header `header`.
+fn mint_header(header: &Value, claims: &Value, sign: impl Fn(&[u8]) -> Vec<u8>) -> String {
+    let signed = format!(
+        "{}.{}",
+        b64(header.to_string().as_bytes()),
+        b64(claims.to_string().as_bytes())
+    );
+    let sig = sign(signed.as_bytes());
+    format!("{signed}.{}", b64(&sig))
+}
+
+/// A JWT gateway over the three test keys (a JWKS file), `team_claim = "grp"`, with `jwt_extra`
+/// lines in `[auth.jwt]` and `extra` after it (teams).
+async fn jwt_gateway(keys: &Keys, mock_url: &str, jwt_extra: &str, extra: &str) -> Gateway {
+    let dir = std::env::temp_dir().join(format!("portico-jwt-teams-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, keys.jwks().to_string()).unwrap();
+    Gateway::start(&format!(
+        "[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_file = \"{}\"\nteam_claim = \"grp\"\n{jwt_extra}\n{extra}\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+        jwks.display(),
+        mock_url
+    ))
+    .await
+}
+
+/// With `[[auth.teams]]`, a token maps to exactly one team or is refused with 403 naming why:
+/// no claim (and no `default_team`), several teams, or a claim of the wrong shape. One string,
+/// or an array of one string, is that team, and its policy applies.
+#[tokio::test]
+async fn jwt_team_claim_must_name_one_team_when_teams_are_configured() {
+    let keys = Keys::new();
+    let mock = MockMcp::modern().ttl_ms(None).start().await;
+    let gw = jwt_gateway(&keys, &mock.url(), "", TEAMS).await;
+    let url = gw.url("/mcp/m");
+    let token = |grp: Option<Value>| {
+        let mut c = json!({"sub": "dave", "exp": now() + 300});
+        if let Some(g) = grp {
+            c["grp"] = g;
+        }
+        bearer(&keys.hs(&c))
+    };
+    for (grp, want) in [
+        (None, "default_team"),
+        (Some(json!(null)), "default_team"),
+        (Some(json!([])), "default_team"),
+        (Some(json!("")), "default_team"),
+        (Some(json!(["blue", "red"])), "ambiguous team claim"),
+        (Some(json!(["blue", 7])), "neither a string"),
+        (Some(json!([7])), "neither a string"),
+        (Some(json!(7)), "neither a string"),
+        (Some(json!({"name": "blue"})), "neither a string"),
+    ] {
+        let r = list_as(&url, &token(grp.clone())).await;
+        assert_eq!(r.status, 403, "{grp:?}: {:?}", r.body);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(message.contains(want), "{grp:?}: {message}");
+        assert!(message.contains("\"grp\""), "names the claim: {message}");
+        assert!(r.header("www-authenticate").is_none(), "not a 401");
+    }
+    assert_eq!(
+        mock.count("tools/list"),
+        0,
+        "no refused token reached the backend"
+    );
+    for grp in [json!("blue"), json!(["blue"])] {
+        let r = list_as(&url, &token(Some(grp.clone()))).await;
+        assert_eq!(tool_names(&r), ["echo", "whoami"], "{grp:?}");
+    }
+    assert_eq!(
+        tool_names(&list_as(&url, &token(Some(json!(["red"])))).await),
+        ["add"]
+    );
+    gw.stop().await;
+}
+
+/// `default_team` gives a token without the claim a team (and that team's policy); without
+/// `[[auth.teams]]` and without `default_team` a token needs no team at all, as before.
+#[tokio::test]
+async fn jwt_default_team_applies_to_a_token_without_the_claim() {
+    let keys = Keys::new();
+    let mock = MockMcp::modern().ttl_ms(None).start().await;
+    let claims = json!({"sub": "erin", "exp": now() + 300});
+    let gw = jwt_gateway(&keys, &mock.url(), "default_team = \"red\"", TEAMS).await;
+    let url = gw.url("/mcp/m");
+    assert_eq!(
+        tool_names(&list_as(&url, &bearer(&keys.es(&claims))).await),
+        ["add"]
+    );
+    // A claim, when present, still wins over the default.
+    let mut blue = claims.clone();
+    blue["grp"] = json!("blue");
+    assert_eq!(
+        tool_names(&list_as(&url, &bearer(&keys.es(&blue))).await),
+        ["echo", "whoami"]
+    );
+    gw.stop().await;
+
+    let gw = jwt_gateway(&keys, &mock.url(), "", "").await;
+    let r = list_as(&gw.url("/mcp/m"), &bearer(&keys.es(&claims))).await;
+    assert_eq!(r.status, 200, "no teams configured: {:?}", r.body);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn jwt_default_team_must_name_a_configured_team() {
+    let cfg = |default: &str, teams: &str| {
+        format!(
+            "[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_file = \"j.json\"\ndefault_team = \"{default}\"\n{teams}"
+        )
+    };
+    let check = |toml: String| portico::config::validate(portico::config::parse(&toml).unwrap());
+    let err = check(cfg("green", TEAMS)).unwrap_err().to_string();
+    assert!(
+        err.starts_with("auth.jwt.default_team:") && err.contains("green"),
+        "{err}"
+    );
+    assert!(
+        check(cfg("", ""))
+            .unwrap_err()
+            .to_string()
+            .starts_with("auth.jwt.default_team:")
+    );
+    assert!(check(cfg("blue", TEAMS)).is_ok());
+    // No teams configured: any name (it can still match a backend's allow_teams).
+    assert!(check(cfg("green", "")).is_ok());
+}
+
+/// RFC 7515 §4.1.11: a `crit` header names extensions the recipient must understand; portico
+/// implements none, so any token carrying one is refused with 401.
+#[tokio::test]
+async fn jwt_with_a_crit_header_is_refused() {
+    let keys = Keys::new();
+    let mock = MockMcp::modern().ttl_ms(None).start().await;
+    let gw = jwt_gateway(&keys, &mock.url(), "", "").await;
+    let url = gw.url("/mcp/m");
+    let claims = json!({"sub": "frank", "exp": now() + 300});
+    let plain = json!({"alg": "HS256", "kid": "hs", "typ": "JWT"});
+    assert_eq!(
+        list_as(&url, &bearer(&mint_header(&plain, &claims, hs_sign)))
+            .await
+            .status,
+        200,
+        "the same token without crit"
+    );
+    for extra in [
+        json!({"crit": ["urn:example:policy"], "urn:example:policy": "x"}),
+        json!({"crit": ["exp"], "exp": now() + 300}),
+        json!({"crit": []}),
+        json!({"crit": ["b64"], "b64": true}),
+        json!({"crit": "b64"}),
+    ] {
+        let mut header = plain.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            header[k] = v.clone();
+        }
+        let r = list_as(&url, &bearer(&mint_header(&header, &claims, hs_sign))).await;
+        assert_eq!(r.status, 401, "{header}");
+        assert!(
+            r.header("www-authenticate")
+                .unwrap()
+                .contains("invalid_token")
+        );
+    }
+    assert_eq!(mock.count("tools/list"), 1);
+    gw.stop().await;
+}
+
+/// A JWKS server that counts the documents it serves; `doc` can be swapped.
+async fn counting_jwks_server(
+    doc: Arc<Mutex<String>>,
+    served: Arc<std::sync::atomic::AtomicUsize>,
+) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = l.accept().await {
+            served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let doc = doc.lock().unwrap().clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                let _ = tcp.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
+                    doc.len()
+                );
+                let _ = tcp.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A token whose `kid` is not in the JWKS makes portico fetch `jwks_url` again at once (the
+/// IdP rotated keys), so it is accepted without waiting for the periodic refresh; a second
+/// unknown `kid` within `JWKS_UNKNOWN_KID_MIN_INTERVAL` fetches nothing.
+#[tokio::test]
+async fn an_unknown_kid_refetches_the_jwks_at_most_once_per_interval() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    assert!(portico::auth::JWKS_UNKNOWN_KID_MIN_INTERVAL >= Duration::from_secs(5));
+    let keys = Keys::new();
+    let mut only_rsa = keys.jwks();
+    only_rsa["keys"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|k| k["kid"] == "rs");
+    let doc = Arc::new(Mutex::new(only_rsa.to_string()));
+    let served = Arc::new(AtomicUsize::new(0));
+    let addr = counting_jwks_server(doc.clone(), served.clone()).await;
+    let mock = MockMcp::modern().ttl_ms(None).start().await;
+    // The periodic refresh is an hour away: every fetch after the first is for a kid.
+    let gw = Gateway::start(&format!(
+        "[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_url = \"http://{addr}/jwks\"\njwks_refresh_ms = 3600000\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+        mock.url()
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while served.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no JWKS fetch at start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let claims = json!({"sub": "grace", "exp": now() + 300});
+    // The start-up fetch's keys (waited for, not fetched again, if it is still in flight).
+    assert_eq!(list_as(&url, &bearer(&keys.rs(&claims))).await.status, 200);
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+
+    // The IdP publishes new keys: a token signed with one is accepted at once.
+    *doc.lock().unwrap() = keys.jwks().to_string();
+    let r = list_as(&url, &bearer(&keys.es(&claims))).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        2,
+        "one fetch for the new kid"
+    );
+    // Keys it brought along need no fetch.
+    assert_eq!(list_as(&url, &bearer(&keys.hs(&claims))).await.status, 200);
+    // Within the interval, unknown kids are refused without fetching, however many.
+    for kid in ["nope", "nope-2", "nope-3"] {
+        let stranger = mint("HS256", kid, &claims, hs_sign);
+        assert_eq!(list_as(&url, &bearer(&stranger)).await.status, 401, "{kid}");
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 2, "rate limited");
+    gw.stop().await;
+}
