@@ -53,6 +53,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod status; // status page (/status, /status.json)
 pub mod stdio_front;
 pub mod upstream;
 
@@ -81,6 +82,8 @@ pub struct State {
     pub watchers: invalidation::Watchers,
     /// Authentication, team policy and rate limits.
     pub auth: auth::Auth,
+    /// Status page: which config generation this is and when it was built.
+    pub generation: status::Generation,
 }
 
 /// Why the gateway could not start.
@@ -113,6 +116,7 @@ impl State {
             b.resilience.attach(metrics.backend(&b.name));
             resilience::spawn_probe(b);
         }
+        let generation = status::Generation::next(&metrics); // status page: after every fallible step
         Ok(State {
             config,
             routes,
@@ -121,6 +125,7 @@ impl State {
             cache,
             watchers: invalidation::Watchers::default(),
             auth,
+            generation, // status page
         })
     }
 
@@ -138,6 +143,7 @@ impl State {
     /// The pipeline's single exit: metrics and the access log line.
     pub fn observe(&self, ctx: &proxy::RequestCtx) {
         self.metrics.record(ctx);
+        status::observe(self, ctx); // status page: per-backend latency window, last error
         if self.config.log.access {
             tracing::info!(
                 target: "portico::access",

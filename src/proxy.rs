@@ -186,6 +186,7 @@ where
         }
         Route::Endpoint(_) => None,
     };
+    let _busy = crate::status::busy(route); // status page: requests in flight per backend
     // 2. front-end rules
     match parts.method {
         Method::POST => {}

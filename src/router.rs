@@ -39,6 +39,8 @@ pub struct Backend {
     pub resilience: crate::resilience::Resilience,
     /// `team_headers`, parsed: sent upstream (over `headers`) for callers of that team.
     pub team_headers: HashMap<String, Vec<(HeaderName, HeaderValue)>>,
+    /// Status page: latency window, in-flight count, last error, tool catalogue.
+    pub stats: crate::status::BackendStats,
 }
 
 impl Backend {
@@ -144,6 +146,7 @@ impl RouteTable {
                 health: Default::default(),
                 resilience: crate::resilience::Resilience::new(cfg),
                 team_headers,
+                stats: Default::default(), // status page
             });
             routes.insert(
                 format!("/mcp/{}", cfg.name),
