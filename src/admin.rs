@@ -7,6 +7,7 @@
 //! - `GET /readyz`: readiness: a JSON body with each backend's transport, protocol verdict and
 //!   last health check; 200 when at least `metrics.ready_min_backends` backends are up and the
 //!   gateway is not draining, else 503.
+//! - `GET /status`, `GET /status.json`: the status page (`status`), for people and tools.
 //!
 //! It also runs the backend health checker (`health::check_all`) every
 //! `metrics.health_interval_ms`, on the current config generation.
@@ -179,9 +180,10 @@ fn route(state: &State, draining: bool, req: &Request<Incoming>) -> Response<Ful
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => readyz(state, draining),
+        p if crate::status::is_status_path(p) => crate::status::serve(state, draining, p), // status page
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz or /readyz\n",
+            "not found: try /metrics, /healthz, /readyz or /status\n",
         ),
     }
 }

@@ -60,6 +60,8 @@ pub struct Backend {
     pub resilience: Resilience,
     /// `team_headers`, parsed: sent upstream (over `headers`) for callers of that team.
     pub team_headers: HashMap<String, Vec<(HeaderName, HeaderValue)>>,
+    /// What the status page shows: latency window, in-flight count, last error, tool catalogue.
+    pub stats: crate::stats::BackendStats,
 }
 
 impl Backend {
@@ -100,6 +102,7 @@ impl Backend {
             health: Default::default(),
             resilience: Resilience::new(cfg),
             team_headers,
+            stats: Default::default(),
         })
     }
 

@@ -45,6 +45,8 @@ pub mod server;
 pub mod session;
 pub mod sse;
 pub mod state;
+pub mod stats;
+pub mod status;
 pub mod stdio_front;
 pub mod step;
 pub mod upstream;

@@ -11,13 +11,15 @@ use crate::metrics::{BackendMirror, Metrics, Mirrors, Record};
 use crate::router::{BuildError, RouteTable};
 use crate::step::{Core, RequestCtx};
 use crate::upstream::Upstream;
-use crate::{auth, bridge, cache, health, invalidation, protocol, session};
+use crate::{auth, bridge, cache, health, invalidation, protocol, session, stats};
 
 /// Everything a request needs, built from one config generation. Immutable; a reload builds a
 /// new one through the same [`State::build`] and swaps it in.
 pub struct State {
     pub core: Core,
     pub routes: RouteTable,
+    /// Which config generation this is and when it was built (the status page).
+    pub generation: stats::Generation,
 }
 
 impl Deref for State {
@@ -57,6 +59,8 @@ impl State {
             b.resilience.attach(metrics.backend(&b.name));
             health::spawn_probe(b);
         }
+        // After every fallible step: a refused reload does not count as a generation.
+        let generation = stats::Generation::next(&metrics);
         Ok(State {
             core: Core {
                 config,
@@ -67,6 +71,7 @@ impl State {
                 auth,
             },
             routes,
+            generation,
         })
     }
 

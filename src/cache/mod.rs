@@ -76,6 +76,19 @@ struct Counters {
     redis_errors: AtomicU64,
     redis_published: AtomicU64,
     redis_received: AtomicU64,
+    /// Status page: the last Redis failure (when, why).
+    redis_last_error: Mutex<Option<(std::time::SystemTime, String)>>,
+}
+
+impl Counters {
+    /// Status page: remembers the last Redis failure.
+    fn redis_failed(&self, why: &str) {
+        let mut last = self
+            .redis_last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *last = Some((std::time::SystemTime::now(), why.to_string()));
+    }
 }
 
 fn bump(counter: &AtomicU64) {
@@ -703,6 +716,12 @@ impl Cache {
             redis_published: load(&c.redis_published),
             redis_received: load(&c.redis_received),
         }
+    }
+
+    /// Status page: `None` without a Redis tier; else its last failure (when, why), if any.
+    pub fn redis_last_error(&self) -> Option<Option<(std::time::SystemTime, String)>> {
+        let last = || self.counters.redis_last_error.lock().ok()?.clone();
+        self.shared.as_ref().map(|_| last())
     }
 
     /// Runs moka's pending maintenance (expiry, eviction, invalidation sweeps) now, so

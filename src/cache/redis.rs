@@ -365,6 +365,7 @@ impl Shared {
             Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
         };
         bump(&self.counters.redis_errors);
+        self.counters.redis_failed(&error); // status page
         let was_up = self
             .lock_down()
             .replace(Instant::now() + RETRY_AFTER)

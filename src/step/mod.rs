@@ -241,19 +241,52 @@ pub async fn step(
     }
     // 4. max_concurrent, 5. circuit breaker: held until the answer head is in.
     let _admission = backend.resilience.admit(&backend.name)?;
+    let _busy = backend.stats.busy();
+    let before = ctx.upstream;
     // 6. cache, 7. forward or bridge
-    match req.message {
+    let answer = match req.message {
         Message::Unread { method } => pass_through(ctx, backend, &req, method).await,
         Message::Parsed(env) => {
             // Boxed: the cache and bridge futures are large, and inline they would set the size
             // (and the cost of every move) of the pass-through path's state too.
-            let reply = Box::pin(answer(core, ctx, backend, &req, env)).await?;
-            Ok(Answer::Reply(match policy {
-                Some(f) if env.method == "tools/list" => filter_tools_reply(reply, f, req.exposure),
-                _ => reply,
-            }))
+            Box::pin(answer(core, ctx, backend, &req, env))
+                .await
+                .map(|reply| match policy {
+                    Some(f) if env.method == "tools/list" => {
+                        filter_tools_reply(reply, f, req.exposure)
+                    }
+                    _ => reply,
+                })
+                .map(Answer::Reply)
         }
+    };
+    record_exchange(backend, ctx.upstream, before, &answer);
+    answer
+}
+
+/// Records into the backend's status-page statistics an exchange that reached it (it added
+/// upstream time; a cache hit or a refusal by portico has none): the backend's faults, as the
+/// breaker counts them, and 5xx answers are failures.
+fn record_exchange(
+    backend: &Backend,
+    after: Option<std::time::Duration>,
+    before: Option<std::time::Duration>,
+    answer: &Result<Answer, GatewayError>,
+) {
+    let Some(took) = after.map(|a| a.saturating_sub(before.unwrap_or_default())) else {
+        return;
+    };
+    if after == before {
+        return;
     }
+    let failure = match answer {
+        Ok(Answer::Relayed(r)) if r.status().is_server_error() => Some("backend_5xx"),
+        Ok(Answer::Reply(r)) if r.status.is_server_error() => Some("backend_5xx"),
+        Ok(_) => None,
+        Err(e) if resilience::is_backend_failure(e) => Some(e.reason()),
+        Err(_) => None,
+    };
+    crate::stats::record_latency(&backend.stats, took, failure.is_none(), failure);
 }
 
 /// [`step`] for a parsed message, when the caller wants decoded messages.

@@ -17,6 +17,7 @@ mod redis;
 mod reliability;
 mod security;
 mod server_h1;
+mod status; // status page
 mod stdio;
 mod stdio_front;
 mod tls;
