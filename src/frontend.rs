@@ -192,7 +192,8 @@ pub fn origin_allowed(origin: &[u8], allowed: &[String]) -> bool {
 }
 
 /// How long a request body may take: `body_read_timeout_ms` from the moment portico turns to
-/// it, plus one second per `body_min_bytes_per_s` bytes already received. The one rule for both
+/// it, plus one second per `body_min_bytes_per_s` bytes already received, with no pause between
+/// reads longer than `header_read_timeout_ms`. The one rule for both
 /// server halves (the lean HTTP/1.1 loop and hyper: TLS, h2, chunked, HTTP/1.0, `Expect`), so a
 /// socket that sends nothing, or a byte now and then, holds nothing for long — and, since the
 /// per-backend step runs only after the body is in, never an admission slot.
@@ -201,15 +202,19 @@ pub struct BodyClock {
     start: tokio::time::Instant,
     base: std::time::Duration,
     min_rate: u64,
+    /// The longest pause between two reads (`header_read_timeout_ms`).
+    pause: std::time::Duration,
 }
 
 impl BodyClock {
-    /// Starts now: `base` for any body, plus a second per `min_rate` bytes received.
-    pub fn new(base: std::time::Duration, min_rate: u64) -> BodyClock {
+    /// Starts now: `base` for any body, plus a second per `min_rate` bytes received, and never
+    /// more than `pause` without a byte.
+    pub fn new(base: std::time::Duration, min_rate: u64, pause: std::time::Duration) -> BodyClock {
         BodyClock {
             start: tokio::time::Instant::now(),
             base,
             min_rate: min_rate.max(1),
+            pause,
         }
     }
 
@@ -218,15 +223,17 @@ impl BodyClock {
         BodyClock::new(
             std::time::Duration::from_millis(cfg.body_read_timeout_ms),
             cfg.body_min_bytes_per_s,
+            std::time::Duration::from_millis(cfg.header_read_timeout_ms),
         )
     }
 
-    /// The latest the body may still be read, with `received` bytes in.
+    /// The latest the next read may complete, with `received` bytes in: the whole body's
+    /// deadline, or the pause limit from now, whichever is sooner.
     pub fn deadline(&self, received: usize) -> tokio::time::Instant {
         let earned = std::time::Duration::from_millis(
             (received as u64).saturating_mul(1000) / self.min_rate,
         );
-        self.start + self.base + earned
+        (self.start + self.base + earned).min(tokio::time::Instant::now() + self.pause)
     }
 }
 

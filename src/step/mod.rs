@@ -228,7 +228,13 @@ pub async fn step(
                 ));
             }
             Message::Parsed(env) if env.method == "tools/call" => {
-                let name = env.name.as_deref().unwrap_or("");
+                // A name that is not a string is no name a glob can vouch for; another reader
+                // might still turn it into one (`7` → `"7"`).
+                let Some(name) = env.name.as_deref() else {
+                    return Err(GatewayError::InvalidParams(
+                        "params.name must be a string".into(),
+                    ));
+                };
                 let exposed = req.exposure.name(name);
                 if !f.allows(&exposed) {
                     return Err(GatewayError::Forbidden(format!(

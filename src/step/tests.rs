@@ -204,6 +204,26 @@ async fn team_policies_judge_the_names_the_client_sees() {
         matches!(err, GatewayError::Forbidden(ref m) if m.contains("r__secret_tool")),
         "{err}"
     );
+    // Under a policy, a tool name that is not a string is refused, never judged as "".
+    let body = Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":7,"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#,
+    );
+    let env = parse_envelope(&body).expect("envelope");
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    let err = call(
+        &core,
+        &mut ctx,
+        &open,
+        Exposure::DIRECT,
+        &HeaderMap::new(),
+        &env,
+        body.clone(),
+        deadline,
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(matches!(err, GatewayError::InvalidParams(_)), "{err}");
     assert_eq!(Exposure::member("", "__").name("x"), "x");
     assert_eq!(Exposure::DIRECT.name("x"), "x");
 }

@@ -9,6 +9,7 @@ mod cache;
 mod cli;
 mod common;
 mod core;
+mod hardening;
 mod interop;
 mod layers;
 mod legacy;

@@ -21,7 +21,7 @@ fn openssl(args: &[&str]) {
 
 /// A throwaway private CA and a server certificate it signed for localhost / 127.0.0.1, made
 /// with `openssl`. Returns (CA cert, server cert, server key).
-fn private_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+pub fn private_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).unwrap();
     let p = |f: &str| dir.join(f).display().to_string();
     let ec = [

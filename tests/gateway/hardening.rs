@@ -1,0 +1,467 @@
+//! What a hostile client can do to a shared gateway, and what it can no longer do:
+//! - bodies that another JSON parser reads differently (duplicate keys, case-folded member
+//!   names) never execute a tool portico's policy denied — against a backend that reads JSON
+//!   the way Go's `encoding/json` does, through direct, aggregated and legacy-bridged URLs;
+//! - sockets that send a head and then nothing (plain, chunked, HTTP/1.0, `Expect`, TLS) hold no
+//!   admission slot and are closed by `body_read_timeout_ms`.
+
+use crate::common::{Gateway, mcp_with, send};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const KEY: &str = "hardening-key-0123456789ab";
+
+// === A backend that reads JSON like Go's encoding/json ===
+
+/// Unicode case folding, as Go's `strings.EqualFold` compares member names.
+fn fold(s: &str) -> String {
+    s.chars()
+        .flat_map(char::to_uppercase)
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// Case-insensitive member lookup where the last match in the text wins — how a Go struct
+/// decoder reads (`serde_json::Value` already kept the last of exact duplicates; which of
+/// several case variants comes last is read off the raw text).
+fn go_get<'a>(v: &'a Value, field: &str, text: &str) -> Option<&'a Value> {
+    v.as_object()?
+        .iter()
+        .filter(|(k, _)| fold(k) == fold(field))
+        .max_by_key(|(k, _)| text.rfind(&format!("\"{k}\"")).unwrap_or(0))
+        .map(|(_, v)| v)
+}
+
+/// The tool a Go backend would run for this body.
+fn go_tool_name(body: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let text = String::from_utf8_lossy(body);
+    let params = go_get(&v, "params", &text)?;
+    go_get(params, "name", &text)?.as_str().map(String::from)
+}
+
+struct GoBackend {
+    url: String,
+    executed: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for GoBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn go_backend() -> GoBackend {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let executed = Arc::new(Mutex::new(Vec::new()));
+    let seen = executed.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(serve_go(tcp, seen.clone()));
+        }
+    });
+    GoBackend {
+        url,
+        executed,
+        task,
+    }
+}
+
+async fn serve_go(mut tcp: TcpStream, executed: Arc<Mutex<Vec<String>>>) {
+    let mut buf = Vec::new();
+    loop {
+        let Some(body) = read_request(&mut tcp, &mut buf).await else {
+            return;
+        };
+        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let text = String::from_utf8_lossy(&body).to_string();
+        let method = go_get(&v, "method", &text)
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let id = go_get(&v, "id", &text).cloned().unwrap_or(Value::Null);
+        let result = match method {
+            "tools/list" => json!({"resultType":"complete","tools":[
+                {"name":"echo","inputSchema":{"type":"object"}},
+                {"name":"secret","inputSchema":{"type":"object"}}]}),
+            "tools/call" => {
+                let name = go_tool_name(&body).unwrap_or_default();
+                executed.lock().unwrap().push(name.clone());
+                json!({"resultType":"complete","content":[{"type":"text","text":format!("ran {name}")}]})
+            }
+            "server/discover" => json!({"resultType":"complete","supportedVersions":["2026-07-28"],
+                "capabilities":{"tools":{}}}),
+            _ => json!({}),
+        };
+        let answer = json!({"jsonrpc":"2.0","id":id,"result":result}).to_string();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            answer.len()
+        );
+        if tcp
+            .write_all(format!("{head}{answer}").as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Reads one request (head + Content-Length body); `None` at end of stream.
+async fn read_request(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                let body = buf[end + 4..end + 4 + len].to_vec();
+                buf.drain(..end + 4 + len);
+                return Some(body);
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        match tcp.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+fn key_file() -> String {
+    let path = std::env::temp_dir().join(format!("portico-hardening-{}", std::process::id()));
+    std::fs::write(&path, KEY).unwrap();
+    path.display().to_string()
+}
+
+/// The bodies another parser reads as a call of `secret` while portico's reads `echo`.
+fn smuggling_bodies(id: u64, legacy: bool) -> Vec<String> {
+    let meta = if legacy {
+        String::new()
+    } else {
+        r#","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#.to_string()
+    };
+    vec![
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo"{meta}}},"Params":{{"name":"secret"{meta}}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo"{meta}}},"paramſ":{{"name":"secret"{meta}}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","name":"secret"{meta}}}}}"#
+        ),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","NAME":"secret"{meta}}}}}"#
+        ),
+    ]
+}
+
+#[test]
+fn the_go_like_reader_reads_what_go_reads() {
+    for body in smuggling_bodies(1, false) {
+        assert_eq!(
+            go_tool_name(body.as_bytes()).as_deref(),
+            Some("secret"),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bodies_read_differently_elsewhere_never_run_a_denied_tool() {
+    let go = go_backend().await;
+    let gw = Gateway::start(&format!(
+        r#"
+[auth]
+mode = "api_keys"
+[[auth.api_keys]]
+key_file = "{key}"
+principal = "mallory"
+team = "ops"
+[[auth.teams]]
+name = "ops"
+tools = {{ deny = ["secret", "*__secret"] }}
+[[backends]]
+name = "go"
+url = "{url}"
+protocol = "modern"
+[[endpoints]]
+path = "/mcp"
+backends = [{{ name = "go", prefix = "g" }}]
+"#,
+        key = key_file(),
+        url = go.url
+    ))
+    .await;
+    let auth = format!("Bearer {KEY}");
+    // Control: the policy holds on an honest body, and an allowed tool runs.
+    for (path, denied, allowed) in [
+        ("/mcp/go", "secret", "echo"),
+        ("/mcp", "g__secret", "g__echo"),
+    ] {
+        let url = gw.url(path);
+        let r = mcp_with(
+            &url,
+            json!(1),
+            "tools/call",
+            json!({"name": denied}),
+            &[("authorization", &auth)],
+        )
+        .await;
+        assert_eq!(r.status, 403, "{path}: {:?}", r.body);
+        let r = mcp_with(
+            &url,
+            json!(2),
+            "tools/call",
+            json!({"name": allowed}),
+            &[("authorization", &auth)],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{path}: {:?}", r.body);
+    }
+    assert_eq!(*go.executed.lock().unwrap(), ["echo", "echo"]);
+
+    // Direct and aggregated, 2026-07-28 clients: every smuggling body is refused.
+    for (path, name) in [("/mcp/go", "echo"), ("/mcp", "g__echo")] {
+        for body in smuggling_bodies(3, false) {
+            let body = body.replace("\"echo\"", &format!("\"{name}\""));
+            let h = [
+                ("content-type", "application/json"),
+                ("accept", "application/json, text/event-stream"),
+                ("mcp-protocol-version", "2026-07-28"),
+                ("mcp-method", "tools/call"),
+                ("mcp-name", name),
+                ("authorization", auth.as_str()),
+            ];
+            let r = send("POST", &gw.url(path), &h, body.clone()).await;
+            assert_eq!(r.status, 400, "{path} {body}: {:?}", r.body);
+            assert_eq!(r.code(), -32600, "{body}");
+        }
+    }
+    // An initialize-era client through the bridge.
+    let h = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("authorization", auth.as_str()),
+    ];
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"old","version":"1"}}});
+    let r = send("POST", &gw.url("/mcp/go"), &h, init.to_string()).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let sid = r.header("mcp-session-id").expect("session").to_string();
+    let mut hs = h.to_vec();
+    hs.push(("mcp-session-id", sid.as_str()));
+    hs.push(("mcp-protocol-version", "2025-06-18"));
+    for body in smuggling_bodies(4, true) {
+        let r = send("POST", &gw.url("/mcp/go"), &hs, body.clone()).await;
+        assert_eq!(r.status, 400, "legacy {body}: {:?}", r.body);
+    }
+    assert_eq!(
+        *go.executed.lock().unwrap(),
+        ["echo", "echo"],
+        "the denied tool never ran"
+    );
+    gw.stop().await;
+}
+
+// === Silent sockets ===
+
+/// A request head that announces a body, and the first bytes of it.
+fn slow_heads() -> Vec<(&'static str, Vec<u8>)> {
+    let head = |extra: &str, version: &str| {
+        format!(
+            "POST /mcp/m {version}\r\nhost: x\r\ncontent-type: application/json\r\n\
+             accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
+             mcp-method: tools/call\r\nmcp-name: echo\r\n{extra}\r\n"
+        )
+        .into_bytes()
+    };
+    vec![
+        (
+            "plain",
+            [
+                head("content-length: 200\r\n", "HTTP/1.1"),
+                b"{\"jsonrpc\"".to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "chunked",
+            [
+                head("transfer-encoding: chunked\r\n", "HTTP/1.1"),
+                b"5\r\n{\"jso\r\n".to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "http/1.0",
+            [
+                head("content-length: 200\r\n", "HTTP/1.0"),
+                b"{\"jsonrpc\"".to_vec(),
+            ]
+            .concat(),
+        ),
+        (
+            "expect",
+            head(
+                "content-length: 200\r\nexpect: 100-continue\r\n",
+                "HTTP/1.1",
+            ),
+        ),
+    ]
+}
+
+/// Reads until the peer closes; what it sent first (a 408 or a 100 Continue, perhaps).
+async fn closed_within<S: AsyncRead + Unpin>(s: &mut S, limit: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    let end = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(end, s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(got),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn config(mock: &str, tls: &str) -> String {
+    format!(
+        "[server]\nbody_read_timeout_ms = 1000\nheader_read_timeout_ms = 20000\n{tls}\n[log]\naccess = false\n\
+         [[backends]]\nname = \"m\"\nurl = \"{mock}\"\nprotocol = \"modern\"\nmax_concurrent = 2\n"
+    )
+}
+
+#[tokio::test]
+async fn silent_sockets_hold_no_slot_and_are_closed_by_the_body_timeout() {
+    let mock = crate::common::mock::MockMcp::modern().start().await;
+    let gw = Gateway::start(&config(&mock.url(), "")).await;
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        for (kind, bytes) in slow_heads() {
+            let mut s = TcpStream::connect(gw.addr).await.unwrap();
+            s.write_all(&bytes).await.unwrap();
+            silent.push((kind, s, Instant::now()));
+        }
+    }
+    // 40 sockets wait on their bodies; max_concurrent = 2 is untouched by them.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let r = mcp_with(
+        &gw.url("/mcp/m"),
+        json!(1),
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": "through"}}),
+        &[],
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert!(
+        took < Duration::from_secs(1),
+        "a normal request waited {took:?}"
+    );
+    for (kind, mut s, opened) in silent {
+        let got = closed_within(&mut s, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("{kind}: still open 5 s after the head"));
+        let text = String::from_utf8_lossy(&got);
+        assert!(
+            got.is_empty() || text.contains("408") || text.starts_with("HTTP/1.1 100"),
+            "{kind}: {text}"
+        );
+        assert!(
+            opened.elapsed() >= Duration::from_millis(900),
+            "{kind}: closed too early"
+        );
+    }
+    assert_eq!(
+        mock.count("tools/call"),
+        1,
+        "no partial body reached the backend"
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn silent_tls_sockets_are_closed_too() {
+    let dir = std::env::temp_dir().join(format!("portico-hardening-tls-{}", std::process::id()));
+    let (ca, cert, key) = crate::tls::private_ca(&dir);
+    let mock = crate::common::mock::MockMcp::modern().start().await;
+    let tls = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"",
+        cert.display(),
+        key.display()
+    );
+    let gw = Gateway::start(&config(&mock.url(), &tls)).await;
+    let connector = tls_connector(&ca);
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        let mut s = tls_connect(&connector, gw.addr).await;
+        s.write_all(&slow_heads()[0].1).await.unwrap();
+        s.flush().await.unwrap();
+        silent.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A normal request over TLS, by hand.
+    let body = crate::common::modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name":"echo","arguments":{"text":"tls"}}),
+    );
+    let req = format!(
+        "POST /mcp/m HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
+         mcp-method: tools/call\r\nmcp-name: echo\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = tls_connect(&connector, gw.addr).await;
+    s.write_all(req.as_bytes()).await.unwrap();
+    let answer = closed_within(&mut s, Duration::from_secs(5))
+        .await
+        .expect("answered");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    for mut s in silent {
+        assert!(
+            closed_within(&mut s, Duration::from_secs(5))
+                .await
+                .is_some(),
+            "a silent TLS socket is still open"
+        );
+    }
+    gw.stop().await;
+}
+
+fn tls_connector(ca: &std::path::Path) -> tokio_rustls::TlsConnector {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+async fn tls_connect(
+    connector: &tokio_rustls::TlsConnector,
+    addr: std::net::SocketAddr,
+) -> impl AsyncRead + AsyncWrite + Unpin {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.expect("TLS handshake")
+}
