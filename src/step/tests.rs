@@ -23,7 +23,10 @@ tools = { deny = ["r__secret_*", "nope"] }
 "#;
 
 fn core(extra: &str) -> Core {
-    let key = std::env::temp_dir().join(format!("portico-step-key-{}", std::process::id()));
+    // One file per call: tests run in parallel and must not read each other's half-written one.
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let key = std::env::temp_dir().join(format!("portico-step-key-{}-{n}", std::process::id()));
     std::fs::write(&key, "k-blue-000000000000000000").expect("key file");
     let auth = AUTH.replace("KEYFILE", &key.display().to_string());
     let cfg =
