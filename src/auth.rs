@@ -102,7 +102,10 @@ struct Bucket {
 /// Authentication and authorization state for one config generation.
 pub struct Auth {
     mode: AuthMode,
-    public_url: Option<String>,
+    /// The protected resource's base URL: `public_url`, else the configured listen address.
+    /// Never the request's `Host`: a client must not choose the URL portico tells others to
+    /// trust (README "Security model").
+    base_url: String,
     authorization_servers: Vec<String>,
     scopes_supported: Vec<String>,
     /// SHA-256 of each configured key, with who it belongs to.
@@ -159,7 +162,9 @@ impl AuthFailure {
 impl Auth {
     /// Builds from a validated config. JWKS files are read here; a JWKS URL is fetched by the
     /// refresh task (`spawn_refresh`).
-    pub fn build(cfg: &AuthConfig) -> Result<Auth, String> {
+    /// `fallback_base_url` names the resource when `public_url` is not configured (the
+    /// listener's own address).
+    pub fn build(cfg: &AuthConfig, fallback_base_url: String) -> Result<Auth, String> {
         let api_keys = cfg
             .api_keys
             .iter()
@@ -203,7 +208,7 @@ impl Auth {
         };
         Ok(Auth {
             mode: cfg.mode,
-            public_url: cfg.public_url.clone(),
+            base_url: cfg.public_url.clone().unwrap_or(fallback_base_url),
             authorization_servers: cfg.authorization_servers.clone(),
             scopes_supported: cfg.scopes_supported.clone(),
             api_keys,
@@ -276,7 +281,7 @@ impl Auth {
             GatewayError::Unauthorized {
                 reason: failure.to_string(),
                 token_given: failure != AuthFailure::Missing,
-                resource_metadata: self.metadata_url(headers, path),
+                resource_metadata: self.metadata_url(path),
             }
         })
     }
@@ -425,38 +430,20 @@ impl Auth {
         })
     }
 
-    /// The base URL of the protected resource: configured, or from the request's `Host`.
-    fn base_url(&self, headers: &HeaderMap) -> String {
-        if let Some(u) = &self.public_url {
-            return u.clone();
-        }
-        let host = headers
-            .get(http::header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .filter(|h| h.bytes().all(|c| c.is_ascii_graphic()) && !h.contains('"'))
-            .unwrap_or("localhost");
-        format!("http://{host}")
-    }
-
     /// Where the metadata of the resource at `path` lives (the `resource_metadata` parameter).
-    pub fn metadata_url(&self, headers: &HeaderMap, path: &str) -> String {
-        format!("{}{METADATA_PATH}{path}", self.base_url(headers))
+    pub fn metadata_url(&self, path: &str) -> String {
+        format!("{}{METADATA_PATH}{path}", self.base_url)
     }
 
     /// The RFC 9728 document for `/.well-known/oauth-protected-resource[/<resource path>]`.
     /// `None` when the path names no resource portico serves.
-    pub fn metadata(
-        &self,
-        headers: &HeaderMap,
-        well_known_path: &str,
-        exists: impl Fn(&str) -> bool,
-    ) -> Option<Bytes> {
+    pub fn metadata(&self, well_known_path: &str, exists: impl Fn(&str) -> bool) -> Option<Bytes> {
         let rest = well_known_path.strip_prefix(METADATA_PATH)?;
         if !rest.is_empty() && !exists(rest) {
             return None;
         }
         let mut doc = serde_json::json!({
-            "resource": format!("{}{rest}", self.base_url(headers)),
+            "resource": format!("{}{rest}", self.base_url),
             "authorization_servers": self.authorization_servers,
             "bearer_methods_supported": ["header"],
         });

@@ -89,7 +89,8 @@ fn jwt_auth() -> &'static Auth {
             }),
             ..Default::default()
         };
-        Auth::build(&cfg).unwrap_or_else(|e| panic!("fuzz auth config: {e}"))
+        Auth::build(&cfg, "http://127.0.0.1:8787".into())
+            .unwrap_or_else(|e| panic!("fuzz auth config: {e}"))
     })
 }
 

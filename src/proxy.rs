@@ -237,9 +237,7 @@ fn protected_resource_metadata(
     }
     state
         .auth
-        .metadata(&parts.headers, path, |p| {
-            state.routes.routes.contains_key(p)
-        })
+        .metadata(path, |p| state.routes.routes.contains_key(p))
         .map(|doc| json_response(StatusCode::OK, doc))
         .ok_or_else(|| GatewayError::NoRoute {
             path: path.to_string(),

@@ -52,7 +52,13 @@ impl State {
         let routes = RouteTable::build(&config)?;
         let sessions = session::Sessions::new(&config.sessions);
         let cache = Arc::new(cache::Cache::new(&config.cache));
-        let auth = auth::Auth::build(&config.auth).map_err(StartError::Auth)?;
+        let scheme = if config.server.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let auth = auth::Auth::build(&config.auth, format!("{scheme}://{}", config.server.listen))
+            .map_err(StartError::Auth)?;
         // Background tasks hold weak references: they end with this generation.
         auth.spawn_refresh();
         for b in routes.backends.values() {

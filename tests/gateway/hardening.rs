@@ -465,3 +465,42 @@ async fn tls_connect(
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
     connector.connect(name, tcp).await.expect("TLS handshake")
 }
+
+/// Without `public_url`, the resource metadata and `WWW-Authenticate` name the configured
+/// listen address: a crafted `Host` appears in no response header or body.
+#[tokio::test]
+async fn a_crafted_host_is_never_reflected() {
+    let gw = Gateway::start(&format!(
+        "[server]\nlisten = \"127.0.0.1:8787\"\n[auth]\nmode = \"api_keys\"\n[[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"p\"\n\
+         [[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n",
+        key_file()
+    ))
+    .await;
+    let evil = "evil.example";
+    let mut h = crate::common::modern_headers("tools/list", None);
+    h.push(("host", evil));
+    let body = crate::common::modern_body(json!(1), "tools/list", json!({}));
+    let refused = send("POST", &gw.url("/mcp/demo"), &h, body).await;
+    assert_eq!(refused.status, 401);
+    let challenge = refused.header("www-authenticate").unwrap_or("").to_string();
+    assert!(
+        challenge.contains("http://127.0.0.1:8787/.well-known/oauth-protected-resource/mcp/demo"),
+        "{challenge}"
+    );
+    let prm = send(
+        "GET",
+        &gw.url("/.well-known/oauth-protected-resource/mcp/demo"),
+        &[("host", evil)],
+        "",
+    )
+    .await;
+    assert_eq!(prm.status, 200);
+    assert_eq!(prm.json()["resource"], "http://127.0.0.1:8787/mcp/demo");
+    for r in [&refused, &prm] {
+        assert!(!String::from_utf8_lossy(&r.body).contains(evil));
+        for v in r.headers.values() {
+            assert!(!v.to_str().unwrap_or("").contains(evil));
+        }
+    }
+    gw.stop().await;
+}
