@@ -47,23 +47,42 @@ pub struct Admin {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// Which operator listener a connection came in on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// `[metrics]`: `/metrics`, `/healthz`, `/readyz`, for scrapers and orchestrators.
+    Metrics,
+    /// `[admin]`: cache purge and the status page, for people (bearer token when configured).
+    Admin,
+}
+
 impl Admin {
-    /// Starts serving `listener` and checking backends.
-    pub fn spawn(shared: Arc<ArcSwap<State>>, listener: TcpListener) -> Admin {
+    /// Starts serving the metrics and/or admin listener, and checking backends.
+    pub fn spawn(
+        shared: Arc<ArcSwap<State>>,
+        metrics: Option<TcpListener>,
+        admin: Option<TcpListener>,
+    ) -> Admin {
         let draining = Arc::new(AtomicBool::new(false));
         let (stop, stopped) = watch::channel(false);
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "metrics listening");
-        }
-        let tasks = vec![
-            tokio::spawn(serve(
+        let mut tasks = Vec::new();
+        for (listener, role) in [(metrics, Role::Metrics), (admin, Role::Admin)] {
+            let Some(listener) = listener else { continue };
+            if let Ok(addr) = listener.local_addr() {
+                match role {
+                    Role::Metrics => tracing::info!(%addr, "metrics listening"),
+                    Role::Admin => tracing::info!(%addr, "admin listening"),
+                }
+            }
+            tasks.push(tokio::spawn(serve(
                 shared.clone(),
                 listener,
+                role,
                 draining.clone(),
                 stopped.clone(),
-            )),
-            tokio::spawn(check_loop(shared, stopped)),
-        ];
+            )));
+        }
+        tasks.push(tokio::spawn(check_loop(shared, stopped)));
         Admin {
             draining,
             stop,
@@ -124,6 +143,7 @@ async fn check_loop(shared: Arc<ArcSwap<State>>, mut stopped: watch::Receiver<bo
 async fn serve(
     shared: Arc<ArcSwap<State>>,
     listener: TcpListener,
+    role: Role,
     draining: Arc<AtomicBool>,
     mut stopped: watch::Receiver<bool>,
 ) {
@@ -145,7 +165,12 @@ async fn serve(
         let service = service_fn(move |req| {
             let state = shared.load_full();
             let draining = draining.load(Ordering::Relaxed);
-            async move { Ok::<_, Infallible>(route(&state, draining, &req)) }
+            async move {
+                Ok::<_, Infallible>(match role {
+                    Role::Metrics => route(&state, draining, &req),
+                    Role::Admin => admin_route(&state, draining, &req),
+                })
+            }
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
@@ -180,12 +205,106 @@ fn route(state: &State, draining: bool, req: &Request<Incoming>) -> Response<Ful
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => readyz(state, draining),
-        p if crate::status::is_status_path(p) => crate::status::serve(state, draining, p), // status page
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz, /readyz or /status\n",
+            "not found: try /metrics, /healthz or /readyz\n",
         ),
     }
+}
+
+/// `POST /admin/cache/purge[?backend=NAME]` drops cached entries (all replicas through Redis
+/// when configured); `GET /status`, `/status.json` show the status page. With a token
+/// configured, every request must carry it (`Authorization: Bearer …`), else 401.
+fn admin_route(state: &State, draining: bool, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(want) = state.config.admin.as_ref().and_then(|a| a.token.as_deref()) {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !same_secret(given, want) {
+            let mut r = text(StatusCode::UNAUTHORIZED, "admin token required\n");
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"portico-admin\""),
+            );
+            return r;
+        }
+    }
+    let path = req.uri().path();
+    match path {
+        PURGE_PATH if req.method() == Method::POST => purge(state, req.uri().query()),
+        PURGE_PATH => method_not_allowed("POST"),
+        p if crate::status::is_status_path(p) => {
+            if req.method() == Method::GET || req.method() == Method::HEAD {
+                crate::status::serve(state, draining, p)
+            } else {
+                method_not_allowed("GET, HEAD")
+            }
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try POST /admin/cache/purge, /status or /status.json\n",
+        ),
+    }
+}
+
+/// Where the cache purge is served (on the admin listener only).
+pub const PURGE_PATH: &str = "/admin/cache/purge";
+
+fn purge(state: &State, query: Option<&str>) -> Response<Full<Bytes>> {
+    let backend = query.and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("backend="))
+            .map(str::to_owned)
+    });
+    let purged = match &backend {
+        Some(name) => {
+            if !state.routes.backends.contains_key(name.as_str()) {
+                return json(
+                    StatusCode::NOT_FOUND,
+                    json!({"error": "no such backend", "backend": name}),
+                );
+            }
+            state.cache.purge_backend(name);
+            json!({"purged": "backend", "backend": name})
+        }
+        None => {
+            state.cache.purge_all_replicas();
+            json!({"purged": "all"})
+        }
+    };
+    tracing::info!(target: "portico::admin", %purged, "cache purged");
+    json(StatusCode::OK, purged)
+}
+
+fn json(status: StatusCode, v: serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Full<Bytes>> {
+    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+/// Compares two secrets in time independent of where they differ (digests of both).
+fn same_secret(given: &str, want: &str) -> bool {
+    let d = |s: &str| ring::digest::digest(&ring::digest::SHA256, s.as_bytes());
+    let (a, b) = (d(given), d(want));
+    a.as_ref()
+        .iter()
+        .zip(b.as_ref())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

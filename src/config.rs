@@ -81,6 +81,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// `[metrics]`: absent = no metrics/health listener.
     pub metrics: Option<MetricsConfig>,
+    /// `[admin]`: absent = no admin listener (no cache purge, no status page).
+    pub admin: Option<AdminConfig>,
     #[serde(default)]
     pub auth: AuthConfig,
     #[serde(default)]
@@ -189,6 +191,23 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
+}
+
+/// `[admin]`: the operators' listener, serving `POST /admin/cache/purge`, `GET /status` and
+/// `GET /status.json`. Nothing of it is served on the client listener.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address to bind, `host:port`. A loopback address, unless a token is configured: then
+    /// any address (still plain HTTP: keep it off the public network).
+    pub listen: String,
+    /// Environment variable holding the bearer token every admin request must carry.
+    pub token_env: Option<String>,
+    /// File holding that token (surrounding whitespace trimmed).
+    pub token_file: Option<PathBuf>,
+    /// Filled in by `validate` from `token_env` / `token_file`.
+    #[serde(skip)]
+    pub token: Option<String>,
 }
 
 /// `[metrics]`: the second listener, serving `/metrics`, `/healthz` and `/readyz`.
@@ -687,6 +706,9 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
     if let Some(m) = &config.metrics {
         validate_metrics(m, &config.server.listen, config.backends.len())?;
     }
+    if let Some(a) = &mut config.admin {
+        validate_admin(a, &config.server.listen, config.metrics.as_ref())?;
+    }
     if let Some(key) = &config.sessions.key {
         // An unset variable means "no key configured": a random one is generated (with a warning).
         config.sessions.key = expand_env(key).ok().filter(|k| !k.is_empty());
@@ -940,6 +962,59 @@ fn validate_metrics(
         return Err(invalid(
             "metrics.listen",
             format!("{addr} is also server.listen; give metrics its own port"),
+        ));
+    }
+    Ok(())
+}
+
+/// `[admin]` rules: its own address, and fail closed — a non-loopback address needs a token.
+fn validate_admin(
+    a: &mut AdminConfig,
+    server_listen: &str,
+    metrics: Option<&MetricsConfig>,
+) -> Result<(), ConfigError> {
+    let addr = a
+        .listen
+        .parse::<SocketAddr>()
+        .map_err(|e| invalid("admin.listen", format!("{e} (want host:port)")))?;
+    a.token = match (&a.token_env, &a.token_file) {
+        (None, None) => None,
+        (Some(var), None) => Some(std::env::var(var).map_err(|_| {
+            invalid(
+                "admin.token_env",
+                format!("environment variable {var} is not set"),
+            )
+        })?),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| invalid("admin.token_file", format!("{}: {e}", path.display())))?
+                .trim()
+                .to_string(),
+        ),
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "admin",
+                "give at most one of token_env or token_file",
+            ));
+        }
+    };
+    if a.token.as_ref().is_some_and(|t| t.len() < 16) {
+        return Err(invalid(
+            "admin.token_env",
+            "the token must be at least 16 characters",
+        ));
+    }
+    if a.token.is_none() && !addr.ip().is_loopback() {
+        return Err(invalid(
+            "admin.listen",
+            format!("{addr} is not a loopback address: configure token_env or token_file"),
+        ));
+    }
+    let taken = |other: &str| other.parse::<SocketAddr>().ok() == Some(addr);
+    if addr.port() != 0 && (taken(server_listen) || metrics.is_some_and(|m| taken(&m.listen))) {
+        return Err(invalid(
+            "admin.listen",
+            format!("{addr} is taken by another listener; give admin its own port"),
         ));
     }
     Ok(())

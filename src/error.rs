@@ -28,8 +28,6 @@ pub enum GatewayError {
     BodyTimeout,
     #[error("Forbidden: origin not allowed")]
     OriginForbidden,
-    #[error("Forbidden: admin endpoints accept loopback callers only")]
-    AdminForbidden,
     #[error("no MCP endpoint at {path}")]
     NoRoute { path: String },
     #[error("Parse error: {0}")]
@@ -104,7 +102,7 @@ impl GatewayError {
             UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            OriginForbidden | AdminForbidden => StatusCode::FORBIDDEN,
+            OriginForbidden => StatusCode::FORBIDDEN,
             NoRoute { .. } | MethodNotFound(_) | SessionNotFound => StatusCode::NOT_FOUND,
             BodyRead(_)
             | Parse(_)
@@ -143,7 +141,6 @@ impl GatewayError {
             | InvalidRequest(_)
             | NoRoute { .. }
             | OriginForbidden
-            | AdminForbidden
             | Unauthorized { .. }
             | Forbidden(_)
             | RateLimited { .. } => code::INVALID_REQUEST,
@@ -172,7 +169,6 @@ impl GatewayError {
             BodyRead(_) => "body_read",
             BodyTimeout => "body_timeout",
             OriginForbidden => "origin_forbidden",
-            AdminForbidden => "admin_forbidden",
             NoRoute { .. } => "no_route",
             Parse(_) => "parse_error",
             Batch => "batch",

@@ -60,25 +60,48 @@ use config::Config;
 use metrics::Metrics;
 pub use state::{StartError, State};
 
+/// Listeners the caller has already bound (the tests bind port 0); `None` = bind the configured
+/// address when the config has that section.
+#[derive(Default)]
+pub struct Bound {
+    pub metrics: Option<TcpListener>,
+    pub admin: Option<TcpListener>,
+}
+
 /// Runs the gateway on `listener` until `shutdown` resolves, then drains and returns. The
-/// metrics listener, when `[metrics]` is configured, is bound from `metrics.listen`.
+/// metrics and admin listeners, when configured, are bound from `metrics.listen` and
+/// `admin.listen`.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
-    run_inner(config, None, listener, None, shutdown).await
+    run_inner(config, None, listener, Bound::default(), shutdown).await
 }
 
 /// [`run`], with the metrics listener already bound by the caller (`None`: bind
-/// `metrics.listen`; ignored without `[metrics]`). The tests call this.
+/// `metrics.listen`; ignored without `[metrics]`).
 pub async fn run_with(
     config: Config,
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
-    run_inner(config, None, listener, metrics_listener, shutdown).await
+    let bound = Bound {
+        metrics: metrics_listener,
+        admin: None,
+    };
+    run_inner(config, None, listener, bound, shutdown).await
+}
+
+/// [`run`], with any operator listeners already bound by the caller. The tests call this.
+pub async fn run_with_listeners(
+    config: Config,
+    listener: TcpListener,
+    bound: Bound,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    run_inner(config, None, listener, bound, shutdown).await
 }
 
 /// Like [`run`], loading the config from `path` and reloading it on SIGHUP or when the file
@@ -89,32 +112,63 @@ pub async fn run_with_reload(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
     let config = config::load(path).map_err(|e| StartError::Config(e.to_string()))?;
-    run_inner(config, Some(path.to_path_buf()), listener, None, shutdown).await
+    run_inner(
+        config,
+        Some(path.to_path_buf()),
+        listener,
+        Bound::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// Binds `addr` for the listener named `what`, unless the caller bound one.
+async fn bind(
+    given: Option<TcpListener>,
+    addr: Option<&str>,
+    what: &'static str,
+) -> Result<Option<TcpListener>, StartError> {
+    match (addr, given) {
+        (None, _) => Ok(None),
+        (Some(_), Some(l)) => Ok(Some(l)),
+        (Some(a), None) => {
+            TcpListener::bind(a)
+                .await
+                .map(Some)
+                .map_err(|source| StartError::Bind {
+                    what,
+                    addr: a.to_string(),
+                    source,
+                })
+        }
+    }
 }
 
 async fn run_inner(
     config: Config,
     path: Option<std::path::PathBuf>,
     listener: TcpListener,
-    metrics_listener: Option<TcpListener>,
+    bound: Bound,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
     let metrics = Arc::new(Metrics::new());
     let tls = server::tls_acceptor(&config.server).map_err(StartError::Tls)?;
-    let admin_listener =
-        match (&config.metrics, metrics_listener) {
-            (None, _) => None,
-            (Some(_), Some(l)) => Some(l),
-            (Some(m), None) => Some(TcpListener::bind(&m.listen).await.map_err(|source| {
-                StartError::MetricsBind {
-                    addr: m.listen.clone(),
-                    source,
-                }
-            })?),
-        };
+    let metrics_listener = bind(
+        bound.metrics,
+        config.metrics.as_ref().map(|m| m.listen.as_str()),
+        "metrics.listen",
+    )
+    .await?;
+    let admin_listener = bind(
+        bound.admin,
+        config.admin.as_ref().map(|a| a.listen.as_str()),
+        "admin.listen",
+    )
+    .await?;
     let state = State::build(config, metrics)?;
     let shared = Arc::new(ArcSwap::from_pointee(state));
-    let admin = admin_listener.map(|l| admin::Admin::spawn(shared.clone(), l));
+    let admin = (metrics_listener.is_some() || admin_listener.is_some())
+        .then(|| admin::Admin::spawn(shared.clone(), metrics_listener, admin_listener));
     let watcher = path.map(|p| tokio::spawn(reload::watch(p, shared.clone())));
     // Readiness turns false as soon as shutdown begins, so load balancers stop sending new
     // requests while in-flight ones drain; /metrics keeps answering until the drain is over.

@@ -90,9 +90,6 @@ where
     let seen = frontend::Seen::scan(&parts.headers);
     ctx.traceparent = frontend::traceparent(&seen);
     let path = parts.uri.path();
-    if path == ADMIN_PURGE_PATH {
-        return admin_purge(state, &parts);
-    }
     if path.starts_with(auth::METADATA_PATH) {
         return protected_resource_metadata(state, &parts);
     }
@@ -242,49 +239,4 @@ fn protected_resource_metadata(
         .ok_or_else(|| GatewayError::NoRoute {
             path: path.to_string(),
         })
-}
-
-/// `POST /admin/cache/purge[?backend=NAME]`: drops cached entries. Loopback callers only until
-/// portico authenticates operators; the answer says what was purged.
-pub const ADMIN_PURGE_PATH: &str = "/admin/cache/purge";
-
-fn admin_purge(
-    state: &State,
-    parts: &http::request::Parts,
-) -> Result<Response<Body>, GatewayError> {
-    let peer_is_loopback = parts
-        .extensions
-        .get::<crate::frontend::PeerAddr>()
-        .is_some_and(|p| p.0.ip().is_loopback());
-    if !peer_is_loopback {
-        return Err(GatewayError::AdminForbidden);
-    }
-    if parts.method != Method::POST {
-        return Err(GatewayError::MethodNotAllowed);
-    }
-    let backend = parts.uri.query().and_then(|q| {
-        q.split('&')
-            .find_map(|kv| kv.strip_prefix("backend="))
-            .map(str::to_owned)
-    });
-    let purged = match &backend {
-        Some(name) => {
-            if !state.routes.backends.contains_key(name.as_str()) {
-                return Err(GatewayError::NoRoute {
-                    path: format!("backend {name}"),
-                });
-            }
-            state.cache.purge_backend(name);
-            serde_json::json!({"purged": "backend", "backend": name})
-        }
-        None => {
-            state.cache.purge_all_replicas();
-            serde_json::json!({"purged": "all"})
-        }
-    };
-    tracing::info!(target: "portico::admin", %purged, "cache purged");
-    Ok(json_response(
-        StatusCode::OK,
-        Bytes::from(purged.to_string()),
-    ))
 }

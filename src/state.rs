@@ -36,8 +36,9 @@ pub enum StartError {
     Build(#[from] BuildError),
     #[error("{0}")]
     Tls(String),
-    #[error("cannot listen on {addr} (metrics.listen): {source}")]
-    MetricsBind {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
         addr: String,
         source: std::io::Error,
     },

@@ -260,21 +260,40 @@ async fn list_changed_drops_the_entry_at_once() {
 #[tokio::test]
 async fn admin_purge_clears_entries() {
     let mock = backend(Some(600_000), Some("public")).await;
-    let gw = Gateway::start(&config(&mock.url(), "")).await;
+    let gw = Gateway::start(&format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        config(&mock.url(), "")
+    ))
+    .await;
+    // Nothing admin on the client listener.
+    let r = send("POST", &gw.url("/admin/cache/purge"), &[], "").await;
+    assert_eq!(r.status, 404, "{:?}", r.body);
     list(&gw, 1, None).await;
     list(&gw, 2, None).await;
     assert_eq!(mock.count("tools/list"), 1);
-    let r = send("POST", &gw.url("/admin/cache/purge?backend=m"), &[], "").await;
+    let r = send(
+        "POST",
+        &gw.admin_url("/admin/cache/purge?backend=m"),
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     list(&gw, 3, None).await;
     assert_eq!(mock.count("tools/list"), 2);
-    let r = send("POST", &gw.url("/admin/cache/purge"), &[], "").await;
+    let r = send("POST", &gw.admin_url("/admin/cache/purge"), &[], "").await;
     assert_eq!(r.status, 200);
     list(&gw, 4, None).await;
     assert_eq!(mock.count("tools/list"), 3);
-    let r = send("POST", &gw.url("/admin/cache/purge?backend=nope"), &[], "").await;
+    let r = send(
+        "POST",
+        &gw.admin_url("/admin/cache/purge?backend=nope"),
+        &[],
+        "",
+    )
+    .await;
     assert_eq!(r.status, 404);
-    let r = send("GET", &gw.url("/admin/cache/purge"), &[], "").await;
+    let r = send("GET", &gw.admin_url("/admin/cache/purge"), &[], "").await;
     assert_eq!(r.status, 405);
 }
 

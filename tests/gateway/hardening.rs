@@ -504,3 +504,54 @@ async fn a_crafted_host_is_never_reflected() {
     }
     gw.stop().await;
 }
+
+/// The admin listener stands apart: purge and the status page are not on the client
+/// listener, and with a token configured the admin listener wants it.
+#[tokio::test]
+async fn admin_endpoints_live_on_their_own_listener_behind_a_token() {
+    let token = std::env::temp_dir().join(format!("portico-admin-token-{}", std::process::id()));
+    std::fs::write(&token, "admin-token-0123456789abcdef\n").unwrap();
+    let gw = Gateway::start(&format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_file = \"{}\"\n[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n",
+        token.display()
+    ))
+    .await;
+    for path in ["/admin/cache/purge", "/status", "/status.json"] {
+        let r = send("POST", &gw.url(path), &[], "").await;
+        assert_eq!(r.status, 404, "{path} on the client listener: {:?}", r.body);
+    }
+    let purge = gw.admin_url("/admin/cache/purge");
+    let r = send("POST", &purge, &[], "").await;
+    assert_eq!(r.status, 401);
+    assert!(r.header("www-authenticate").is_some());
+    let r = send(
+        "POST",
+        &purge,
+        &[("authorization", "Bearer wrong-token-0123456789")],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let good = [("authorization", "Bearer admin-token-0123456789abcdef")];
+    let r = send("POST", &purge, &good, "").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["purged"], "all");
+    let r = send("GET", &gw.admin_url("/status.json"), &good, "").await;
+    assert_eq!(r.status, 200);
+    let r = send("GET", &gw.admin_url("/status.json"), &[], "").await;
+    assert_eq!(r.status, 401);
+    gw.stop().await;
+}
+
+/// Fail closed: an admin listener off loopback needs a token.
+#[test]
+fn a_non_loopback_admin_listener_needs_a_token() {
+    let err = portico::config::validate(
+        portico::config::parse(
+            "[admin]\nlisten = \"0.0.0.0:9000\"\n[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n",
+        )
+        .unwrap(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("admin.listen"), "{err}");
+}

@@ -119,7 +119,7 @@ impl RedisServer {
 
 fn config(mock: &str, redis: &RedisServer, redis_timeout_ms: u64) -> String {
     format!(
-        "[log]\naccess = false\n[cache]\nredis_url = \"{}\"\nredis_timeout_ms = {redis_timeout_ms}\n\
+        "[log]\naccess = false\n[admin]\nlisten = \"127.0.0.1:0\"\n[cache]\nredis_url = \"{}\"\nredis_timeout_ms = {redis_timeout_ms}\n\
          [[backends]]\nname = \"m\"\nurl = \"{mock}\"\ntimeout_ms = 10000\n",
         redis.url()
     )
@@ -295,7 +295,7 @@ async fn an_admin_purge_on_one_replica_reaches_the_other() {
     list(&b, 2, None).await;
     list(&b, 3, None).await;
     assert_eq!(mock.count("tools/list"), 1, "B holds the entry locally now");
-    let r = send("POST", &a.url("/admin/cache/purge"), &[], "").await;
+    let r = send("POST", &a.admin_url("/admin/cache/purge"), &[], "").await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     // B drops its local copy when the message arrives (asynchronously: poll).
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -34,6 +34,8 @@ access = false
 [metrics]
 health_interval_ms = 200
 health_timeout_ms = 2000
+[admin]
+listen = "127.0.0.1:0"
 {extra}
 [[backends]]
 name = "live"
@@ -53,7 +55,7 @@ backends = ["live", {{ name = "dead", prefix = "d" }}]
 }
 
 async fn status_json(gw: &Gateway) -> Value {
-    let r = send("GET", &gw.metrics_url("/status.json"), &[], "").await;
+    let r = send("GET", &gw.admin_url("/status.json"), &[], "").await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(r.header("content-type"), Some("application/json"));
     r.json()
@@ -355,7 +357,7 @@ async fn status_html_is_escaped_under_a_strict_csp_and_read_only() {
         "blue allows only echo and <*"
     );
 
-    let r = send("GET", &gw.metrics_url("/status"), &[], "").await;
+    let r = send("GET", &gw.admin_url("/status"), &[], "").await;
     assert_eq!(r.status, 200);
     assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
     let csp = r.header("content-security-policy").expect("a CSP header");
@@ -383,9 +385,9 @@ async fn status_html_is_escaped_under_a_strict_csp_and_read_only() {
     assert!(html.contains("id=\"backend-live\"") && html.contains("id=\"backend-dead\""));
 
     for method in ["POST", "PUT", "DELETE"] {
-        let r = send(method, &gw.metrics_url("/status"), &[], "x").await;
+        let r = send(method, &gw.admin_url("/status"), &[], "x").await;
         assert_eq!(r.status, 405, "{method} /status");
-        let r = send(method, &gw.metrics_url("/status.json"), &[], "x").await;
+        let r = send(method, &gw.admin_url("/status.json"), &[], "x").await;
         assert_eq!(r.status, 405, "{method} /status.json");
     }
     gw.stop().await;
@@ -595,7 +597,7 @@ async fn status_page_renders_in_headless_chromium() {
     .await;
     assert_eq!(r.status, 502, "{:?}", r.body);
     status_until(&gw, "live up, dead down, tools listed", settled).await;
-    let url = gw.metrics_url("/status");
+    let url = gw.admin_url("/status");
 
     let run = run_chromium(&["--dump-dom".into()], &url).await;
     let dom = &run.stdout;

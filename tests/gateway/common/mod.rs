@@ -23,6 +23,8 @@ pub struct Gateway {
     pub addr: SocketAddr,
     /// The metrics listener's address, when the config has `[metrics]`.
     pub metrics_addr: Option<SocketAddr>,
+    /// The admin listener's address, when the config has `[admin]`.
+    pub admin_addr: Option<SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -39,9 +41,16 @@ impl Gateway {
             None => None,
         };
         let metrics_addr = metrics.as_ref().map(|l| l.local_addr().unwrap());
+        // `[admin]` likewise.
+        let admin = match &config.admin {
+            Some(_) => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            None => None,
+        };
+        let admin_addr = admin.as_ref().map(|l| l.local_addr().unwrap());
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            portico::run_with(config, listener, metrics, async {
+            let bound = portico::Bound { metrics, admin };
+            portico::run_with_listeners(config, listener, bound, async {
                 let _ = rx.await;
             })
             .await
@@ -50,6 +59,7 @@ impl Gateway {
         Gateway {
             addr,
             metrics_addr,
+            admin_addr,
             stop: Some(tx),
             task: Some(task),
         }
@@ -64,6 +74,12 @@ impl Gateway {
         let addr = self
             .metrics_addr
             .expect("the config has a [metrics] section");
+        format!("http://{addr}{path}")
+    }
+
+    /// A URL on the admin listener (`/admin/cache/purge`, `/status`).
+    pub fn admin_url(&self, path: &str) -> String {
+        let addr = self.admin_addr.expect("the config has an [admin] section");
         format!("http://{addr}{path}")
     }
 
