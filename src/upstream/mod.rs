@@ -170,6 +170,73 @@ pub struct Outgoing<'a> {
     pub deadline: Instant,
 }
 
+/// A backend's own warnings about what it sent (garbage lines, unknown ids), at most
+/// [`WARNINGS_PER_WINDOW`] per [`WARNING_WINDOW`]; the rest are counted and reported as one
+/// "suppressed N" line when the next window opens (or the budget is dropped). A broken backend
+/// must not be able to flood the log.
+pub struct WarnBudget {
+    backend: Arc<str>,
+    window: Instant,
+    shown: u32,
+    suppressed: u64,
+}
+
+/// Warnings shown per window and backend.
+pub const WARNINGS_PER_WINDOW: u32 = 10;
+/// The window of [`WarnBudget`].
+pub const WARNING_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl WarnBudget {
+    pub fn new(backend: Arc<str>) -> WarnBudget {
+        WarnBudget {
+            backend,
+            window: Instant::now(),
+            shown: 0,
+            suppressed: 0,
+        }
+    }
+
+    /// Whether one more warning may be logged now.
+    pub fn allow(&mut self) -> bool {
+        if self.window.elapsed() >= WARNING_WINDOW {
+            self.flush();
+            self.window = Instant::now();
+            self.shown = 0;
+        }
+        if self.shown < WARNINGS_PER_WINDOW {
+            self.shown += 1;
+            return true;
+        }
+        if self.suppressed == 0 {
+            // Said at once, so a reader knows the log is thinned even if the window's count
+            // comes only later.
+            tracing::warn!(backend = %self.backend, window_s = WARNING_WINDOW.as_secs(),
+                "further warnings of this backend suppressed for the rest of the window");
+        }
+        self.suppressed += 1;
+        false
+    }
+
+    /// Warnings suppressed and not reported yet.
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed
+    }
+
+    fn flush(&mut self) {
+        if self.suppressed > 0 {
+            tracing::warn!(backend = %self.backend, suppressed = self.suppressed,
+                "backend warnings suppressed (rate limit)");
+            self.suppressed = 0;
+        }
+    }
+}
+
+impl Drop for WarnBudget {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// How a backend is reached.
 pub enum Upstream {
     Http(Arc<http::HttpUpstream>),
@@ -196,5 +263,21 @@ impl Upstream {
             Upstream::Stdio(_) => "stdio",
             Upstream::Builtin(_) => "builtin",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn warnings_are_budgeted_per_window() {
+        let mut b = WarnBudget::new("b".into());
+        let shown = (0..10_000).filter(|_| b.allow()).count();
+        assert_eq!(shown, WARNINGS_PER_WINDOW as usize);
+        assert_eq!(b.suppressed(), 10_000 - u64::from(WARNINGS_PER_WINDOW));
+        tokio::time::advance(WARNING_WINDOW).await;
+        assert!(b.allow(), "a new window, a new budget");
+        assert_eq!(b.suppressed(), 0, "the summary was logged");
     }
 }

@@ -134,6 +134,7 @@ impl StdioUpstream {
             notes: notes.clone(),
             pending: HashMap::new(),
             backlog: VecDeque::new(),
+            warnings: super::WarnBudget::new(cfg.name.as_str().into()),
         };
         StdioUpstream {
             name: cfg.name.clone(),
@@ -433,6 +434,8 @@ struct Actor {
     pending: HashMap<u64, Pending>,
     /// Commands received while no child runs (backoff); replayed in order after the spawn.
     backlog: VecDeque<Cmd>,
+    /// What the server writes wrong is logged within a budget.
+    warnings: super::WarnBudget,
 }
 
 type Writer = mpsc::UnboundedSender<Bytes>;
@@ -652,18 +655,22 @@ impl Actor {
         let line = match line {
             Line::Text(t) => t,
             Line::TooLong(bytes) => {
-                let max = self.max_line;
-                let name = &self.name;
-                warn!(backend = %name, bytes, max, "stdio server wrote an oversized line; skipped");
+                if self.warnings.allow() {
+                    let max = self.max_line;
+                    let name = &self.name;
+                    warn!(backend = %name, bytes, max, "stdio server wrote an oversized line; skipped");
+                }
                 return;
             }
         };
         let msg = match serde_json::from_slice::<Incoming>(&line) {
             Ok(m) if first_byte(&line) == Some(b'{') => m,
             _ => {
-                let line = preview(&line);
-                let name = &self.name;
-                warn!(backend = %name, %line, "stdio server wrote a non-JSON-RPC line; skipped");
+                if self.warnings.allow() {
+                    let line = preview(&line);
+                    let name = &self.name;
+                    warn!(backend = %name, %line, "stdio server wrote a non-JSON-RPC line; skipped");
+                }
                 return;
             }
         };
@@ -673,16 +680,19 @@ impl Actor {
             (None, Some(id)) if msg.result.is_some() || msg.error.is_some() => {
                 self.response(id, msg.result, msg.error)
             }
-            _ => {
+            _ if self.warnings.allow() => {
                 let line = preview(&line);
                 warn!(backend = %self.name, %line, "stdio server wrote an invalid message; skipped")
             }
+            _ => {}
         }
     }
 
     fn response(&mut self, id: &RawValue, result: Option<&RawValue>, error: Option<&RawValue>) {
         let Some(p) = gateway_id(id).and_then(|gid| self.pending.remove(&gid)) else {
-            warn!(backend = %self.name, id = id.get(), "reply with an unknown id dropped");
+            if self.warnings.allow() {
+                warn!(backend = %self.name, id = id.get(), "reply with an unknown id dropped");
+            }
             return;
         };
         let status = match (result, error) {

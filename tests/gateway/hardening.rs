@@ -555,3 +555,74 @@ fn a_non_loopback_admin_listener_needs_a_token() {
     .unwrap_err();
     assert!(err.to_string().contains("admin.listen"), "{err}");
 }
+
+/// A stdio backend that prints 10,000 garbage lines costs a few dozen log lines, not 10,000.
+/// The real binary runs here, so its stderr is exactly what an operator's log would hold.
+#[tokio::test]
+async fn a_backend_printing_garbage_cannot_flood_the_log() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let script = "import sys, time\nfor i in range(10000):\n    print('garbage line', i)\nsys.stdout.flush()\ntime.sleep(30)\n";
+    let dir = std::env::temp_dir().join(format!("portico-noisy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("portico.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n[log]\naccess = false\nlevel = \"warn\"\n\
+             [[backends]]\nname = \"noisy\"\ncommand = [\"python3\", \"-c\", {script:?}]\n\
+             protocol = \"modern\"\ntimeout_ms = 3000\n"
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
+        .arg("--config")
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("portico starts");
+    let url = format!("http://127.0.0.1:{port}/mcp/noisy");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        assert!(Instant::now() < deadline, "portico never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Starts the child; its answer never comes (it only prints garbage).
+    let r = mcp_with(&url, json!(1), "tools/call", json!({"name": "x"}), &[]).await;
+    assert!(r.status >= 500, "{:?}", r.body);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // SIGTERM: a graceful stop, so the window's count is reported too.
+    let pid = child.id().expect("running").to_string();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    let mut stderr = child.stderr.take().expect("stderr");
+    let mut log = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), stderr.read_to_end(&mut log)).await;
+    let _ = child.kill().await;
+    let text = String::from_utf8_lossy(&log);
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("noisy")).collect();
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains("non-JSON-RPC line"))
+            .count()
+            >= 5,
+        "the garbage was read and warned about:\n{text}"
+    );
+    assert!(
+        lines.len() <= 30,
+        "{} log lines for one noisy backend:\n{}",
+        lines.len(),
+        lines[..lines.len().min(40)].join("\n")
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("suppressed")),
+        "the suppression is reported: {lines:?}"
+    );
+}
