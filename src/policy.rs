@@ -49,20 +49,23 @@ impl ToolFilter {
 }
 
 /// Removes from a `tools/list` response every tool `keep` refuses by name; a tool whose name
-/// is not a string is removed too (no policy can vouch for it). Anything that is not such a
-/// response passes unchanged.
+/// is not a string is removed too (no policy can vouch for it). The result is labelled
+/// `cacheScope: "private"`: it is one team's view, and a client must not share it. Anything
+/// that is not such a response passes unchanged.
 pub fn filter_tools(msg: Bytes, keep: impl Fn(&str) -> bool) -> Bytes {
     let Ok(mut v) = serde_json::from_slice::<Value>(&msg) else {
         return msg;
     };
-    let Some(tools) = v
-        .get_mut("result")
-        .and_then(|r| r.get_mut("tools"))
-        .and_then(Value::as_array_mut)
-    else {
+    let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
+        return msg;
+    };
+    let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
         return msg;
     };
     tools.retain(|t| t.get("name").and_then(Value::as_str).is_some_and(&keep));
+    if result.contains_key("cacheScope") || result.contains_key("ttlMs") {
+        result.insert("cacheScope".into(), Value::from("private"));
+    }
     serde_json::to_vec(&v).map(Bytes::from).unwrap_or(msg)
 }
 
@@ -110,6 +113,14 @@ mod tests {
         let out = filter_tools(msg, |n| n == "a");
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["result"]["tools"], serde_json::json!([{"name": "a"}]));
+        let public = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"a"}],"ttlMs":5,"cacheScope":"public"}}"#,
+        );
+        let v: Value = serde_json::from_slice(&filter_tools(public, |_| true)).unwrap();
+        assert_eq!(
+            v["result"]["cacheScope"], "private",
+            "a team's view is private"
+        );
         let other = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1}}"#);
         assert_eq!(filter_tools(other.clone(), |_| false), other);
     }

@@ -187,6 +187,12 @@ pub struct Envelope {
     pub has_progress_token: bool,
     /// An MRTR retry (`inputResponses` or `requestState` present): never cached.
     pub is_retry: bool,
+    /// `params` holds a member beyond the result's selector (`cursor`/`uri`) and `_meta`.
+    pub params_beyond_selector: bool,
+    /// `_meta` holds a member the cache key does not cover.
+    pub meta_beyond_keyed: bool,
+    /// `params._meta[clientInfo]` as raw JSON (part of the cache key).
+    pub client_info: Option<String>,
     /// For `initialize`: the revision the client asked for.
     pub init_version: Option<String>,
 }
@@ -249,6 +255,8 @@ struct RawMeta<'a> {
     protocol_version: Option<&'a RawValue>,
     #[serde(borrow, rename = "io.modelcontextprotocol/clientCapabilities")]
     client_capabilities: Option<&'a RawValue>,
+    #[serde(borrow, rename = "io.modelcontextprotocol/clientInfo")]
+    client_info: Option<&'a RawValue>,
     #[serde(borrow, rename = "progressToken")]
     progress_token: Option<&'a RawValue>,
 }
@@ -283,6 +291,19 @@ const PARAMS_MEMBERS: &[&str] = &[
     "level",
     "notifications",
 ];
+/// The params a cacheable request may carry and still be cached: what selects the result (a
+/// list's cursor, a read's uri) and `_meta`. Anything else might shape the answer, and is not in
+/// the cache key: such a request goes around the cache.
+const SELECTOR_PARAMS: &[&str] = &["cursor", "uri", "_meta"];
+/// The `_meta` members a cacheable request may carry and still be cached: those in the key
+/// (version, capabilities, clientInfo) and those that never shape a result.
+const KEYED_META: &[&str] = &[
+    meta::PROTOCOL_VERSION,
+    meta::CLIENT_CAPABILITIES,
+    meta::CLIENT_INFO,
+    meta::LOG_LEVEL,
+    "progressToken",
+];
 /// Protocol members of `_meta`.
 const META_MEMBERS: &[&str] = &[
     meta::PROTOCOL_VERSION,
@@ -301,11 +322,13 @@ fn fold(name: &str) -> String {
         .collect()
 }
 
-/// Checks the member names of one JSON object (see the comment above).
-pub fn audit_members(object: &str, members: &[&str]) -> Result<(), String> {
-    struct Audit<'m>(&'m [&'m str]);
+/// Checks the member names of one JSON object (see the comment above). Also tells whether the
+/// object has a member outside `plain` (which the cache needs to know: such a member may shape
+/// the answer).
+pub fn audit_members(object: &str, members: &[&str], plain: &[&str]) -> Result<bool, String> {
+    struct Audit<'m>(&'m [&'m str], &'m [&'m str]);
     impl<'de> serde::de::Visitor<'de> for Audit<'_> {
-        type Value = Result<(), String>;
+        type Value = Result<bool, String>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a JSON object")
         }
@@ -314,7 +337,9 @@ pub fn audit_members(object: &str, members: &[&str]) -> Result<(), String> {
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
             let mut seen: Vec<Cow<'de, str>> = Vec::new();
+            let mut beyond = false;
             while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                beyond |= !self.1.contains(&key.as_ref());
                 map.next_value::<serde::de::IgnoredAny>()?;
                 if seen.contains(&key) {
                     return Ok(Err(format!("member {key:?} appears twice")));
@@ -333,11 +358,11 @@ pub fn audit_members(object: &str, members: &[&str]) -> Result<(), String> {
                 }
                 seen.push(key);
             }
-            Ok(Ok(()))
+            Ok(Ok(beyond))
         }
     }
     let mut de = serde_json::Deserializer::from_str(object);
-    match serde::Deserializer::deserialize_map(&mut de, Audit(members)) {
+    match serde::Deserializer::deserialize_map(&mut de, Audit(members, plain)) {
         Ok(r) => r,
         Err(e) => Err(e.to_string()),
     }
@@ -377,7 +402,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     };
     // Valid UTF-8 JSON by now (serde checked it), so the audits below read `str`s.
     let text = std::str::from_utf8(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
-    audit_members(text, TOP_MEMBERS).map_err(|e| EnvelopeError::Invalid(e, None))?;
+    audit_members(text, TOP_MEMBERS, TOP_MEMBERS).map_err(|e| EnvelopeError::Invalid(e, None))?;
     let id = match msg.id {
         None => None,
         Some(raw) => match RequestId::from_raw(raw) {
@@ -419,6 +444,9 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         has_meta: false,
         has_progress_token: false,
         is_retry: false,
+        params_beyond_selector: false,
+        meta_beyond_keyed: false,
+        client_info: None,
         init_version: None,
     };
     let Some(params) = msg.params else {
@@ -433,7 +461,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
             env.id,
         ));
     }
-    audit_members(params.get(), PARAMS_MEMBERS)
+    env.params_beyond_selector = audit_members(params.get(), PARAMS_MEMBERS, SELECTOR_PARAMS)
         .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
     let p: RawParams = serde_json::from_str(params.get())
         .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
@@ -454,7 +482,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         && first_byte(meta.get().as_bytes()) == Some(b'{')
     {
         env.has_meta = true;
-        audit_members(meta.get(), META_MEMBERS)
+        env.meta_beyond_keyed = audit_members(meta.get(), META_MEMBERS, KEYED_META)
             .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
         let m: RawMeta = serde_json::from_str(meta.get())
             .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
@@ -464,6 +492,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
             .filter(|c| first_byte(c.get().as_bytes()) == Some(b'{'))
             .map(|c| c.get().to_string());
         env.has_progress_token = m.progress_token.is_some_and(|t| t.get() != "null");
+        env.client_info = m.client_info.map(|c| c.get().to_string());
     }
     Ok(env)
 }
@@ -481,6 +510,9 @@ impl Envelope {
             has_meta: false,
             has_progress_token: false,
             is_retry: false,
+            params_beyond_selector: false,
+            meta_beyond_keyed: false,
+            client_info: None,
             init_version: None,
         }
     }

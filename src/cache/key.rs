@@ -56,6 +56,8 @@ pub struct KeyInput<'a> {
     pub protocol_version: &'a str,
     /// `_meta` client capabilities as raw JSON; `None` when absent.
     pub capabilities: Option<&'a str>,
+    /// `_meta` clientInfo as raw JSON; `None` when absent (a server may answer per client).
+    pub client_info: Option<&'a str>,
 }
 
 /// Which half of the key space a key is in.
@@ -85,9 +87,11 @@ impl CacheKey {
 ///   `public` answer is public only *for that credential* (docs/protocol.md §8 item 4).
 /// - `method` and `params` (`cursor` / `uri`): the spec's own key (docs/protocol.md §3). Each page has its
 ///   own entry; a different resource is a different entry.
-/// - `protocol_version` and the client capabilities: they may change `tools/list` (e.g. an
-///   extension the client declares); the conservative key of docs/protocol.md §8 item 2. `clientInfo` and
-///   `progressToken` are left out: they don't shape results and would only split the cache.
+/// - `protocol_version`, the client capabilities and `clientInfo`: they may change `tools/list`
+///   (e.g. an extension the client declares, a server that answers per client); the
+///   conservative key of docs/protocol.md §8 item 2. `progressToken` and `logLevel` are left out:
+///   they never shape a result. A request with any other param or `_meta` member is not cached
+///   at all (`step`), so nothing that could shape an answer is outside the key.
 /// - the scope: `public`, or `private` plus the caller's partition. Public and private keys can
 ///   never be equal, and private keys of two partitions can never be equal.
 ///
@@ -107,6 +111,7 @@ pub fn cache_key(input: &KeyInput<'_>, scope: KeyScope<'_>) -> CacheKey {
     h.json(input.params);
     h.field(input.protocol_version.as_bytes());
     h.json(input.capabilities);
+    h.json(input.client_info);
     match scope {
         KeyScope::Public => h.field(b"public"),
         KeyScope::Private(partition) => {

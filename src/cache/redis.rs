@@ -600,6 +600,7 @@ mod tests {
             params: Some(r#""file:///a b""#),
             protocol_version: "2026-07-28",
             capabilities: None,
+            client_info: None,
         };
         let keys = gen_keys("p:v1:", &input);
         assert_eq!(

@@ -28,6 +28,7 @@ fn input<'a>(method: &'a str, params: Option<&'a str>) -> KeyInput<'a> {
         params,
         protocol_version: "2026-07-28",
         capabilities: Some(r#"{"roots":{},"sampling":{}}"#),
+        client_info: None,
     }
 }
 
@@ -273,6 +274,7 @@ fn key_canonicalisation() {
     let k = |i: &KeyInput<'_>| cache_key(i, KeyScope::Public);
     let reordered = KeyInput {
         capabilities: Some("{ \"sampling\" : {}, \"roots\":{ } }"),
+        client_info: None,
         ..base
     };
     assert_eq!(
@@ -282,19 +284,23 @@ fn key_canonicalisation() {
     );
     let nested_a = KeyInput {
         capabilities: Some(r#"{"x":{"b":1,"a":[{"d":2,"c":"\u0041"}]}}"#),
+        client_info: None,
         ..base
     };
     let nested_b = KeyInput {
         capabilities: Some(r#"{"x":{"a":[{"c":"A","d":2}],"b":1}}"#),
+        client_info: None,
         ..base
     };
     assert_eq!(k(&nested_a), k(&nested_b), "recursive, escapes normalised");
     let num_a = KeyInput {
         capabilities: Some(r#"{"n":1.0}"#),
+        client_info: None,
         ..base
     };
     let num_b = KeyInput {
         capabilities: Some(r#"{"n":1}"#),
+        client_info: None,
         ..base
     };
     assert_ne!(k(&num_a), k(&num_b), "numbers are kept as written");
@@ -302,6 +308,7 @@ fn key_canonicalisation() {
         k(&base),
         k(&KeyInput {
             capabilities: None,
+            client_info: None,
             ..base
         })
     );
@@ -309,6 +316,7 @@ fn key_canonicalisation() {
         k(&base),
         k(&KeyInput {
             capabilities: Some("{}"),
+            client_info: None,
             ..base
         })
     );

@@ -540,6 +540,7 @@ async fn cached(
         params: uri_json.as_deref().or(env.cursor.as_deref()),
         protocol_version: env.protocol_version.as_deref().unwrap_or(LATEST_VERSION),
         capabilities: env.client_capabilities.as_deref(),
+        client_info: env.client_info.as_deref(),
     };
     // Private entries belong to the authenticated principal, or (auth mode none) to a digest
     // of the caller's credential.
@@ -548,9 +549,18 @@ async fn cached(
     // has none), in µs: an atomic because the fetch future must stay `Send`.
     let upstream_us = std::sync::atomic::AtomicU64::new(u64::MAX);
     let shared: &RequestCtx = ctx;
+    // Everything that can shape the answer must be in the key, or the request is not cached:
+    // a param beyond the selector, a `_meta` member the key does not cover, or an
+    // `Mcp-Param-*` header (arguments mirrored; a cacheable method has none) go around it.
+    let keyed = !env.params_beyond_selector
+        && !env.meta_beyond_keyed
+        && !req
+            .headers
+            .keys()
+            .any(|k| k.as_str().starts_with(h::PARAM_PREFIX));
     let served = core
         .cache
-        .get_or_fetch(&key, &partition, id, env.is_retry, || async {
+        .get_or_fetch(&key, &partition, id, env.is_retry || !keyed, || async {
             let sent = StdInstant::now();
             let reply = call_backend(shared, backend, req, env).await;
             backend.resilience.record_result(&reply);
@@ -563,6 +573,11 @@ async fn cached(
             let message = reply
                 .final_message(&backend.name, backend.cfg.timeout_ms)
                 .await?;
+            if env.cursor.is_some() && is_error(&message) {
+                // The backend refused a cursor (the list moved on): the pages cached after it
+                // belong to a list that no longer exists.
+                core.cache.invalidate(&backend.name, &env.method);
+            }
             Ok::<_, GatewayError>(Fetched { status, message })
         })
         .await?;
@@ -578,6 +593,16 @@ async fn cached(
     }
     let status = http::StatusCode::from_u16(served.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     Ok(Reply::one(status, served.body))
+}
+
+/// Whether a JSON-RPC response is an error.
+fn is_error(message: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Shape<'a> {
+        #[serde(borrow)]
+        error: Option<&'a serde_json::value::RawValue>,
+    }
+    serde_json::from_slice::<Shape>(message).is_ok_and(|m| m.error.is_some())
 }
 
 /// Sends a modern message to a modern backend on the message path.
@@ -655,8 +680,9 @@ fn team_headers<'a>(ctx: &RequestCtx, backend: &'a Backend) -> &'a [(HeaderName,
 }
 
 /// Step 3 on the way back: removes the tools the team policy hides from a `tools/list`
-/// answer, judged by the names the client sees. Only the final response is touched;
-/// notifications about the request go through as they are.
+/// answer, judged by the names the client sees, and labels the answer `private` (it is this
+/// team's view, whatever the backend said). Only the final response is touched; notifications
+/// about the request go through as they are.
 fn filter_tools_reply(reply: Reply, filter: &ToolFilter, exposure: Exposure<'_>) -> Reply {
     use futures_util::StreamExt;
     let filter = filter.clone();

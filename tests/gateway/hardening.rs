@@ -626,3 +626,129 @@ async fn a_backend_printing_garbage_cannot_flood_the_log() {
         "the suppression is reported: {lines:?}"
     );
 }
+
+// === The shared cache keys everything that can shape an answer ===
+
+fn cache_config(mock: &str) -> String {
+    format!(
+        "[log]\naccess = false\n[[backends]]\nname = \"m\"\nurl = \"{mock}\"\nprotocol = \"modern\"\n"
+    )
+}
+
+/// Params beyond the cursor, `_meta` members the key does not cover, and `Mcp-Param-*` headers
+/// would change a public entry's meaning: such requests go around the cache.
+#[tokio::test]
+async fn requests_with_unkeyed_members_are_not_cached() {
+    let mock = crate::common::mock::MockMcp::modern()
+        .ttl_ms(Some(600_000))
+        .cache_scope(Some("public"))
+        .start()
+        .await;
+    let gw = Gateway::start(&cache_config(&mock.url())).await;
+    let url = gw.url("/mcp/m");
+    let list = |params: Value, extra: Vec<(&'static str, &'static str)>| {
+        let url = url.clone();
+        async move { mcp_with(&url, json!(1), "tools/list", params, &extra).await }
+    };
+    assert_eq!(list(json!({}), vec![]).await.status, 200);
+    assert_eq!(list(json!({}), vec![]).await.status, 200);
+    assert_eq!(mock.count("tools/list"), 1, "a plain list is cached");
+    for round in 0..2 {
+        assert_eq!(list(json!({"filter": "x"}), vec![]).await.status, 200);
+        assert_eq!(
+            list(json!({"_meta": {"com.example/tenant": "a"}}), vec![])
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            list(json!({}), vec![("mcp-param-region", "eu")])
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            mock.count("tools/list"),
+            1 + 3 * (round + 1),
+            "round {round}"
+        );
+    }
+    // clientInfo is in the key: another client's entry is its own.
+    let r = list(
+        json!({"_meta": {"io.modelcontextprotocol/clientInfo": {"name": "other", "version": "1"}}}),
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(mock.count("tools/list"), 8);
+    gw.stop().await;
+}
+
+/// A backend that refuses a cursor has moved on: the pages cached after it are dropped.
+#[tokio::test]
+async fn an_invalid_cursor_drops_the_cached_pages() {
+    let mock = crate::common::mock::MockMcp::modern()
+        .ttl_ms(Some(600_000))
+        .cache_scope(Some("public"))
+        .page_size(2)
+        .start()
+        .await;
+    let gw = Gateway::start(&cache_config(&mock.url())).await;
+    let url = gw.url("/mcp/m");
+    let page = |cursor: Option<&'static str>| {
+        let url = url.clone();
+        let params = cursor.map_or(json!({}), |c| json!({"cursor": c}));
+        async move { mcp_with(&url, json!(1), "tools/list", params, &[]).await }
+    };
+    assert_eq!(page(None).await.status, 200);
+    assert_eq!(page(Some("2")).await.status, 200);
+    assert_eq!(page(Some("2")).await.status, 200);
+    assert_eq!(mock.count("tools/list"), 2, "both pages cached");
+    let r = page(Some("bogus")).await;
+    assert_eq!(r.code(), -32602, "{:?}", r.body);
+    assert_eq!(mock.count("tools/list"), 3);
+    assert_eq!(page(Some("2")).await.status, 200);
+    assert_eq!(
+        mock.count("tools/list"),
+        4,
+        "the page after the refused cursor was dropped"
+    );
+    gw.stop().await;
+}
+
+/// A list portico filtered for a team is that team's view: labelled private to the client.
+#[tokio::test]
+async fn a_team_filtered_list_is_labelled_private() {
+    let mock = crate::common::mock::MockMcp::modern()
+        .ttl_ms(Some(600_000))
+        .cache_scope(Some("public"))
+        .start()
+        .await;
+    let gw = Gateway::start(&format!(
+        "[auth]\nmode = \"api_keys\"\n[[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"p\"\nteam = \"t\"\n\
+         [[auth.teams]]\nname = \"t\"\ntools = {{ deny = [\"add\"] }}\n{}",
+        key_file(),
+        cache_config(&mock.url())
+    ))
+    .await;
+    let auth = format!("Bearer {KEY}");
+    let r = mcp_with(
+        &gw.url("/mcp/m"),
+        json!(1),
+        "tools/list",
+        json!({}),
+        &[("authorization", &auth)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let result = &r.json()["result"];
+    assert_eq!(result["cacheScope"], "private");
+    assert!(
+        result["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["name"] != "add")
+    );
+    gw.stop().await;
+}

@@ -321,6 +321,7 @@ async fn get(c: &Cache, calls: &AtomicU64) -> Outcome {
         params: None,
         protocol_version: LATEST,
         capabilities: None,
+        client_info: None,
     };
     let message =
         r#"{"jsonrpc":"2.0","id":9,"result":{"tools":[],"ttlMs":60000,"cacheScope":"public"}}"#;
