@@ -33,7 +33,7 @@ use ring::digest;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::cache::Partition;
@@ -43,7 +43,8 @@ use crate::error::GatewayError;
 /// Path of the Protected Resource Metadata document; per-resource documents append the path.
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
 
-/// Buckets kept before idle, full ones are dropped (bounds memory under many JWT subjects).
+/// Principals tracked per limiter before those whose state is back to full are forgotten
+/// (bounds memory under many JWT subjects).
 const MAX_BUCKETS: usize = 100_000;
 
 /// How long a JWKS fetch may take.
@@ -93,10 +94,17 @@ struct Jwt {
     fetch: tokio::sync::Mutex<Option<Instant>>,
 }
 
-/// One token bucket.
-struct Bucket {
-    tokens: f64,
-    last: Instant,
+/// One rate: a GCRA limiter (the `governor` crate) keyed by principal.
+type Limiter = governor::DefaultKeyedRateLimiter<String>;
+
+/// A limiter for `rate` (`per_second` may be fractional; `burst` at least 1).
+fn limiter(rate: &RateLimitConfig) -> Limiter {
+    let period = std::time::Duration::from_secs_f64(1.0 / rate.per_second.max(1e-9));
+    let burst = std::num::NonZeroU32::new(rate.burst.max(1)).unwrap_or(std::num::NonZeroU32::MIN);
+    let quota = governor::Quota::with_period(period)
+        .unwrap_or_else(|| governor::Quota::per_second(std::num::NonZeroU32::MIN))
+        .allow_burst(burst);
+    governor::RateLimiter::keyed(quota)
 }
 
 /// Authentication and authorization state for one config generation.
@@ -112,8 +120,9 @@ pub struct Auth {
     api_keys: Vec<([u8; 32], Arc<Principal>)>,
     jwt: Option<Arc<Jwt>>,
     teams: HashMap<String, crate::config::TeamConfig>,
-    default_rate: Option<RateLimitConfig>,
-    buckets: Mutex<HashMap<String, Bucket>>,
+    /// The `[auth] rate_limit` limiter, and one per team with its own `rate_limit`.
+    default_limiter: Option<Limiter>,
+    team_limiters: HashMap<String, Limiter>,
 }
 
 /// Why a credential was refused (logged; the client sees one generic 401 text per reason).
@@ -218,8 +227,12 @@ impl Auth {
                 .iter()
                 .map(|t| (t.name.clone(), t.clone()))
                 .collect(),
-            default_rate: cfg.rate_limit,
-            buckets: Mutex::new(HashMap::new()),
+            default_limiter: cfg.rate_limit.as_ref().map(limiter),
+            team_limiters: cfg
+                .teams
+                .iter()
+                .filter_map(|t| Some((t.name.clone(), limiter(t.rate_limit.as_ref()?))))
+                .collect(),
         })
     }
 
@@ -393,41 +406,26 @@ impl Auth {
     /// Takes one token from the caller's bucket, or says how long to wait.
     pub fn rate_limit(&self, principal: Option<&Principal>) -> Result<(), GatewayError> {
         let team = principal.and_then(|p| p.team.as_deref());
-        let Some(rate) = team
-            .and_then(|t| self.teams.get(t))
-            .and_then(|t| t.rate_limit)
-            .or(self.default_rate)
+        let Some(limiter) = team
+            .and_then(|t| self.team_limiters.get(t))
+            .or(self.default_limiter.as_ref())
         else {
             return Ok(());
         };
         let key = principal.map(|p| p.id.as_str()).unwrap_or("");
-        let now = Instant::now();
-        let mut buckets = self
-            .buckets
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
-            buckets.retain(|_, b| {
-                b.tokens + now.duration_since(b.last).as_secs_f64() * rate.per_second
-                    < f64::from(rate.burst)
-            });
+        if limiter.len() >= MAX_BUCKETS {
+            limiter.retain_recent();
         }
-        let b = buckets.entry(key.to_string()).or_insert(Bucket {
-            tokens: f64::from(rate.burst),
-            last: now,
-        });
-        let burst = f64::from(rate.burst);
-        b.tokens =
-            (b.tokens + now.duration_since(b.last).as_secs_f64() * rate.per_second).min(burst);
-        b.last = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            return Ok(());
+        match limiter.check_key(&key.to_string()) {
+            Ok(()) => Ok(()),
+            Err(not_until) => {
+                use governor::clock::Clock;
+                let wait = not_until.wait_time_from(governor::clock::DefaultClock::default().now());
+                Err(GatewayError::RateLimited {
+                    retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+                })
+            }
         }
-        let wait = (1.0 - b.tokens) / rate.per_second;
-        Err(GatewayError::RateLimited {
-            retry_after_s: wait.ceil().max(1.0) as u64,
-        })
     }
 
     /// Where the metadata of the resource at `path` lives (the `resource_metadata` parameter).

@@ -70,7 +70,7 @@ fn key_bytes(text: &str) -> [u8; 32] {
         base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(t)
             .ok(),
-        hex(t),
+        hex::decode(t).ok(),
     ]
     .into_iter()
     .flatten()
@@ -84,16 +84,6 @@ fn key_bytes(text: &str) -> [u8; 32] {
     let mut k = [0u8; 32];
     k.copy_from_slice(d.as_ref());
     k
-}
-
-fn hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 impl Sessions {

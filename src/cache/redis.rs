@@ -342,7 +342,7 @@ impl Shared {
     }
 
     fn entry_key(&self, key: &CacheKey) -> String {
-        format!("{}e:{}", self.ns, hex(key.as_bytes()))
+        format!("{}e:{}", self.ns, hex::encode(key.as_bytes()))
     }
 
     /// Runs one Redis call within the budget. `None` on error, timeout, or while Redis is
@@ -460,7 +460,7 @@ fn uri_gen_key(ns: &str, backend: &str, uri: &str) -> String {
     let mut h = KeyHasher::new(b"portico/cache-uri-generation/v1");
     h.field(backend.as_bytes());
     h.field(uri.as_bytes());
-    format!("{ns}g:u:{}", hex(&h.finish()))
+    format!("{ns}g:u:{}", hex::encode(&h.finish()))
 }
 
 /// A record as stored in Redis: `MAGIC, scope (0 public / 1 private), generation count (u8),
@@ -527,15 +527,6 @@ fn parse_int(bytes: &[u8]) -> Option<i64> {
     std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
 /// A fresh generation's first value: random, and below 2^62 so `INCR` can never overflow.
 fn random_generation() -> i64 {
     let mut bytes = [0u8; 8];
@@ -561,7 +552,7 @@ fn random_id() -> String {
             .unwrap_or(0);
         bytes = nanos.to_le_bytes();
     }
-    hex(&bytes)
+    hex::encode(&bytes)
 }
 
 /// `redis` is reached through the `Shared` type only, so the tests below cover the pure parts.
