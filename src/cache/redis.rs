@@ -460,7 +460,7 @@ fn uri_gen_key(ns: &str, backend: &str, uri: &str) -> String {
     let mut h = KeyHasher::new(b"portico/cache-uri-generation/v1");
     h.field(backend.as_bytes());
     h.field(uri.as_bytes());
-    format!("{ns}g:u:{}", hex::encode(&h.finish()))
+    format!("{ns}g:u:{}", hex::encode(h.finish()))
 }
 
 /// A record as stored in Redis: `MAGIC, scope (0 public / 1 private), generation count (u8),
@@ -552,7 +552,7 @@ fn random_id() -> String {
             .unwrap_or(0);
         bytes = nanos.to_le_bytes();
     }
-    hex::encode(&bytes)
+    hex::encode(bytes)
 }
 
 /// `redis` is reached through the `Shared` type only, so the tests below cover the pure parts.
