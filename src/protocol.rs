@@ -316,7 +316,7 @@ pub fn audit_members(object: &str, members: &[&str]) -> Result<(), String> {
             let mut seen: Vec<Cow<'de, str>> = Vec::new();
             while let Some(key) = map.next_key::<Cow<'de, str>>()? {
                 map.next_value::<serde::de::IgnoredAny>()?;
-                if seen.iter().any(|k| *k == key) {
+                if seen.contains(&key) {
                     return Ok(Err(format!("member {key:?} appears twice")));
                 }
                 // ASCII names that are not members fold to nothing of interest unless they
