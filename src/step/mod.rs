@@ -31,7 +31,7 @@ use crate::auth::{self, Auth, Principal};
 use crate::backend::{Backend, Verdict};
 use crate::body::{Body, relay_response};
 use crate::bridge;
-use crate::cache::{Cache, Fetched, KeyInput};
+use crate::cache::{Cache, Fetched, KeyInput, Outcome};
 use crate::config::{Config, Protocol, ToolFilter, VerifyBody};
 use crate::error::GatewayError;
 use crate::frontend::{Era, ModernHead};
@@ -203,8 +203,55 @@ pub enum Answer {
     Reprobed,
 }
 
-/// The per-backend step (see the module doc for its fixed order).
+/// The per-backend step (see the module doc for its fixed order). A `tools/call` is also
+/// counted in the backend's per-tool metrics, whatever the step decided (`stats::tools`).
 pub async fn step(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    req: StepRequest<'_>,
+) -> Result<Answer, GatewayError> {
+    let Some(tool) = called_tool(req.message, req.headers) else {
+        return admit_and_answer(core, ctx, backend, req).await;
+    };
+    let started = StdInstant::now();
+    let answer = admit_and_answer(core, ctx, backend, req).await;
+    let status = match &answer {
+        Ok(Answer::Relayed(r)) => Some(r.status()),
+        Ok(Answer::Reply(r)) => Some(r.status),
+        Err(e) => Some(e.status()),
+        // Not answered yet: the caller takes the step again, through the bridge.
+        Ok(Answer::Reprobed) => None,
+    };
+    if let Some(status) = status {
+        let (tools, took) = (&backend.stats.tools, started.elapsed());
+        tools.record(&core.metrics, &backend.name, &tool, status.as_u16(), took);
+    }
+    answer
+}
+
+/// The tool a `tools/call` names: the body's name, or for an unread body the `Mcp-Name`
+/// header (which a modern backend checks against the body itself; README, "Why header
+/// routing is safe"). Only a label: `stats::tools` keeps it to names the backend listed.
+fn called_tool<'a>(message: Message<'a>, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
+    match message {
+        Message::Parsed(env) if env.method == "tools/call" => {
+            Some(Cow::Borrowed(env.name.as_deref().unwrap_or("")))
+        }
+        Message::Unread {
+            method: "tools/call",
+        } => Some(
+            headers
+                .get(h::names::NAME)
+                .and_then(|v| protocol::decode_header_value(v.as_bytes()))
+                .unwrap_or(Cow::Borrowed("")),
+        ),
+        _ => None,
+    }
+}
+
+/// Steps 1 to 7.
+async fn admit_and_answer(
     core: &Core,
     ctx: &mut RequestCtx,
     backend: &Arc<Backend>,
@@ -512,6 +559,14 @@ async fn answer(
             let reply = call_backend(ctx, backend, req, env).await;
             ctx.upstream_since(sent);
             backend.resilience.record_result(&reply);
+            if env.method == "tools/list"
+                && let Ok(Reply {
+                    messages: MessageStream::One(answer),
+                    ..
+                }) = &reply
+            {
+                backend.stats.tools.learn_list(answer);
+            }
             reply
         }
     }
@@ -652,6 +707,12 @@ async fn cached(
             Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
     }
     ctx.cache = Some(served.outcome.label());
+    // The names a backend lists bound its per-tool metrics: learnt from each answer that is
+    // new to this replica (a local hit was learnt when it was stored; coalesced and stale
+    // answers were learnt by the fetch that made them).
+    if env.method == "tools/list" && matches!(served.outcome, Outcome::Miss | Outcome::SharedHit) {
+        backend.stats.tools.learn_list(&served.body);
+    }
     if served.ttl_remaining_ms.is_some() {
         // Something of this backend is (or was just) in the cache: listen for its changes.
         core.watchers.ensure(backend, &core.cache);
