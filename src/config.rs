@@ -45,6 +45,10 @@ pub const DEFAULT_TEAM_CLAIM: &str = "team";
 pub const DEFAULT_RETRIES: u32 = 1;
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 pub const DEFAULT_BREAKER_OPEN_MS: u64 = 5_000;
+/// `[tracing] sampling_ratio`: every trace that starts at portico is recorded.
+pub const DEFAULT_SAMPLING_RATIO: f64 = 1.0;
+/// `[tracing] service_name`: the OpenTelemetry `service.name` of the spans.
+pub const DEFAULT_SERVICE_NAME: &str = "portico";
 
 /// A configuration problem, always naming the key (or file) at fault.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +93,9 @@ pub struct Config {
     pub backends: Vec<BackendConfig>,
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
+    /// `[tracing]`: OpenTelemetry spans over OTLP/HTTP; off without `otlp_endpoint`.
+    #[serde(default)]
+    pub tracing: TracingConfig,
 }
 
 /// `[server]`: the client-facing listener.
@@ -208,6 +215,33 @@ pub struct AdminConfig {
     /// Filled in by `validate` from `token_env` / `token_file`.
     #[serde(skip)]
     pub token: Option<String>,
+}
+
+/// `[tracing]`: one span per request (and one per upstream attempt), exported over OTLP/HTTP
+/// with protobuf bodies (README, "Traces").
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP traces URL (`http://host:4318/v1/traces`; a URL without a
+    /// path gets `/v1/traces`). Absent: tracing is off and no span is ever made.
+    pub otlp_endpoint: Option<String>,
+    /// Share of traces starting at portico that are recorded, 0.0–1.0. A client's
+    /// `traceparent` decides for its own requests (its sampled flag is followed).
+    #[serde(default = "default_sampling_ratio")]
+    pub sampling_ratio: f64,
+    /// `service.name` of the exported spans.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            sampling_ratio: DEFAULT_SAMPLING_RATIO,
+            service_name: default_service_name(),
+        }
+    }
 }
 
 /// `[metrics]`: the second listener, serving `/metrics`, `/healthz` and `/readyz`.
@@ -639,6 +673,12 @@ fn default_debounce_ms() -> u64 {
 fn default_max_idle_connections() -> usize {
     DEFAULT_MAX_IDLE_CONNECTIONS
 }
+fn default_sampling_ratio() -> f64 {
+    DEFAULT_SAMPLING_RATIO
+}
+fn default_service_name() -> String {
+    DEFAULT_SERVICE_NAME.to_string()
+}
 fn default_metrics_listen() -> String {
     DEFAULT_METRICS_LISTEN.to_string()
 }
@@ -715,6 +755,7 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
     }
 
     validate_cache(&mut config.cache)?;
+    validate_tracing(&config.tracing)?;
 
     let mut names = HashSet::new();
     for (i, b) in config.backends.iter_mut().enumerate() {
@@ -1020,6 +1061,32 @@ fn validate_admin(
     Ok(())
 }
 
+/// `[tracing]` rules. Only `http://`: the exporter is built without TLS (a collector agent on
+/// the host or as a sidecar is the usual place to send spans).
+fn validate_tracing(t: &TracingConfig) -> Result<(), ConfigError> {
+    if let Some(url) = &t.otlp_endpoint {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| invalid("tracing.otlp_endpoint", format!("{url:?}: {e}")))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(invalid(
+                "tracing.otlp_endpoint",
+                format!("{url:?}: want http://host:port[/path] (no TLS; use a local collector)"),
+            ));
+        }
+    }
+    if !(0.0..=1.0).contains(&t.sampling_ratio) {
+        return Err(invalid(
+            "tracing.sampling_ratio",
+            format!("{}: want a number from 0.0 to 1.0", t.sampling_ratio),
+        ));
+    }
+    if t.service_name.trim().is_empty() {
+        return Err(invalid("tracing.service_name", "must not be empty"));
+    }
+    Ok(())
+}
+
 /// `[cache]` rules: the Redis tier's URL (after `${ENV}` expansion) and its knobs.
 fn validate_cache(c: &mut CacheConfig) -> Result<(), ConfigError> {
     if let Some(url) = &c.redis_url {
@@ -1281,6 +1348,38 @@ mod tests {
         assert!(same.to_string().contains("metrics.listen"), "{same}");
         let unknown = check("[metrics]\nport=3\n").unwrap_err();
         assert!(unknown.to_string().contains("port"), "{unknown}");
+    }
+
+    #[test]
+    fn tracing_section() {
+        let off = check("[[backends]]\nname='a'\nbuiltin='demo'\n").unwrap();
+        assert!(
+            off.tracing.otlp_endpoint.is_none(),
+            "no endpoint, no tracing"
+        );
+        assert_eq!(off.tracing.sampling_ratio, DEFAULT_SAMPLING_RATIO);
+        assert_eq!(off.tracing.service_name, DEFAULT_SERVICE_NAME);
+        let on = check("[tracing]\notlp_endpoint='http://127.0.0.1:4318'\nsampling_ratio=0.25\n")
+            .unwrap();
+        assert_eq!(on.tracing.sampling_ratio, 0.25);
+        for (text, key) in [
+            ("[tracing]\nsampling_ratio=1.5\n", "tracing.sampling_ratio"),
+            ("[tracing]\nsampling_ratio=-0.1\n", "tracing.sampling_ratio"),
+            ("[tracing]\nsampling_ratio=nan\n", "tracing.sampling_ratio"),
+            (
+                "[tracing]\notlp_endpoint='https://c:4318'\n",
+                "tracing.otlp_endpoint",
+            ),
+            (
+                "[tracing]\notlp_endpoint='c:4318'\n",
+                "tracing.otlp_endpoint",
+            ),
+            ("[tracing]\nservice_name=' '\n", "tracing.service_name"),
+            ("[tracing]\nendpoint='http://c'\n", "endpoint"),
+        ] {
+            let e = check(text).unwrap_err();
+            assert!(e.to_string().contains(key), "{text:?}: {e}");
+        }
     }
 
     #[test]

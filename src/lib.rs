@@ -4,7 +4,8 @@
 //!
 //! The crate is built in layers, each importing only from itself and below (README "Layers";
 //! `tests/gateway/layers.rs` enforces it):
-//! - L0 leaves: [`config`], [`error`], [`jsonrpc`], [`metrics`], [`policy`], [`sse`];
+//! - L0 leaves: [`config`], [`error`], [`jsonrpc`], [`metrics`], [`policy`], [`sse`],
+//!   [`telemetry`];
 //! - L1 vocabulary: [`protocol`], [`frontend`], [`session`];
 //! - L2 transports and stores: [`upstream`], [`body`], [`backend`], [`resilience`], [`cache`];
 //! - L3 translation: [`bridge`], [`merge`], [`health`], [`invalidation`];
@@ -49,6 +50,7 @@ pub mod stats;
 pub mod status;
 pub mod stdio_front;
 pub mod step;
+pub mod telemetry;
 pub mod upstream;
 
 use arc_swap::ArcSwap;

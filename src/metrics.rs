@@ -22,8 +22,8 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// One finished request, as the pipeline's single exit reports it.
@@ -154,6 +154,17 @@ pub struct Metrics {
     retries: IntCounterVec,
     backend_up: IntGaugeVec,
     reloads: IntCounterVec,
+    tool_calls: IntCounterVec,
+    tool_duration: HistogramVec,
+}
+
+/// One tool's series of the per-tool metrics, made on first use and kept by whoever bounds
+/// the tool labels (`stats::tools`): a call then costs two atomic updates, with no label
+/// hashing. Holds handles of one [`Metrics`] (the one its owner's generation reports to).
+#[derive(Default)]
+pub struct ToolSeries {
+    calls: [OnceLock<IntCounter>; OUTCOMES.len()],
+    duration: OnceLock<Histogram>,
 }
 
 impl Default for Metrics {
@@ -304,6 +315,18 @@ impl Metrics {
             &["result"],
         )
         .expect("static metric definition");
+        let tool_calls = counter_vec(
+            "portico_tool_calls_total",
+            "tools/call requests per backend and tool (a name the backend listed, else \
+             \"other\"), by outcome.",
+            &["backend", "tool", "outcome"],
+        );
+        let tool_duration = histogram_vec(
+            "portico_tool_call_duration_seconds",
+            "tools/call time through the per-backend step until the answer head, by backend \
+             and tool (a listed name, else \"other\").",
+            &["backend", "tool"],
+        );
         // Both series exist from the start, so dashboards and alerts see 0, not "no data".
         for result in ["ok", "invalid"] {
             reloads.with_label_values(&[result]);
@@ -320,6 +343,8 @@ impl Metrics {
             Box::new(retries.clone()),
             Box::new(backend_up.clone()),
             Box::new(reloads.clone()),
+            Box::new(tool_calls.clone()),
+            Box::new(tool_duration.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -336,7 +361,32 @@ impl Metrics {
             retries,
             backend_up,
             reloads,
+            tool_calls,
+            tool_duration,
         }
+    }
+
+    /// One `tools/call` through the per-backend step. `tool` must come from a bounded set (a
+    /// name the backend listed, or `other`): the caller keeps `series` for it.
+    pub fn tool_call(
+        &self,
+        series: &ToolSeries,
+        backend: &str,
+        tool: &str,
+        status: u16,
+        took: Duration,
+    ) {
+        let i = outcome_index(status);
+        series.calls[i]
+            .get_or_init(|| {
+                self.tool_calls
+                    .with_label_values(&[backend, tool, OUTCOMES[i]])
+            })
+            .inc();
+        series
+            .duration
+            .get_or_init(|| self.tool_duration.with_label_values(&[backend, tool]))
+            .observe(took.as_secs_f64());
     }
 
     /// Counts a request as in flight until the returned guard drops.
@@ -540,11 +590,18 @@ fn state_families(mirrors: &Mirrors<'_>) -> Vec<MetricFamily> {
     out
 }
 
+/// The `outcome` label words, by [`outcome_index`].
+const OUTCOMES: [&str; 4] = ["ok", "backend_error", "client_error", "error"];
+
 fn outcome(status: u16) -> &'static str {
+    OUTCOMES[outcome_index(status)]
+}
+
+fn outcome_index(status: u16) -> usize {
     match status {
-        200..=299 => "ok",
-        502 | 504 => "backend_error",
-        400..=499 => "client_error",
-        _ => "error",
+        200..=299 => 0,
+        502 | 504 => 1,
+        400..=499 => 2,
+        _ => 3,
     }
 }

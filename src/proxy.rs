@@ -89,6 +89,8 @@ where
     let (parts, body) = req.into_parts();
     let seen = frontend::Seen::scan(&parts.headers);
     ctx.traceparent = frontend::traceparent(&seen);
+    // The request's span starts here and ends at the single exit (`State::observe`).
+    ctx.trace = state.telemetry.request(ctx.traceparent.as_ref());
     let path = parts.uri.path();
     if path.starts_with(auth::METADATA_PATH) {
         return protected_resource_metadata(state, &parts);

@@ -7,11 +7,12 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::frontend::Era;
 use crate::metrics::{BackendMirror, Metrics, Mirrors, Record};
 use crate::router::{BuildError, RouteTable};
 use crate::step::{Core, RequestCtx};
 use crate::upstream::Upstream;
-use crate::{auth, bridge, cache, health, invalidation, protocol, session, stats};
+use crate::{auth, bridge, cache, health, invalidation, protocol, session, stats, telemetry};
 
 /// Everything a request needs, built from one config generation. Immutable; a reload builds a
 /// new one through the same [`State::build`] and swaps it in.
@@ -20,6 +21,8 @@ pub struct State {
     pub routes: RouteTable,
     /// Which config generation this is and when it was built (the status page).
     pub generation: stats::Generation,
+    /// This generation's tracer (`[tracing]`); off without an OTLP endpoint.
+    pub telemetry: telemetry::Telemetry,
 }
 
 impl Deref for State {
@@ -46,6 +49,8 @@ pub enum StartError {
     Auth(String),
     #[error("{0}")]
     Config(String),
+    #[error("{0}")]
+    Tracing(String),
 }
 
 impl State {
@@ -60,6 +65,7 @@ impl State {
         };
         let auth = auth::Auth::build(&config.auth, format!("{scheme}://{}", config.server.listen))
             .map_err(StartError::Auth)?;
+        let telemetry = telemetry::Telemetry::new(&config.tracing).map_err(StartError::Tracing)?;
         // Background tasks hold weak references: they end with this generation.
         auth.spawn_refresh();
         for b in routes.backends.values() {
@@ -79,10 +85,12 @@ impl State {
             },
             routes,
             generation,
+            telemetry,
         })
     }
 
-    /// Ends upstream legacy sessions (`DELETE`) and stops stdio children.
+    /// Ends upstream legacy sessions (`DELETE`) and stops stdio children; exports the spans
+    /// still queued.
     pub async fn shutdown(&self) {
         self.watchers.stop();
         for b in self.routes.backends.values() {
@@ -91,15 +99,32 @@ impl State {
                 s.shutdown().await;
             }
         }
+        self.telemetry.shutdown().await;
     }
 
-    /// The pipeline's single exit: metrics and the access log line.
+    /// The pipeline's single exit: metrics, the access log line and the end of the request's
+    /// span.
     pub fn observe(&self, ctx: &RequestCtx) {
         let method = ctx
             .method
             .as_deref()
             .map(protocol::method_label)
             .unwrap_or("none");
+        if let Some(trace) = &ctx.trace {
+            trace.finish(&telemetry::Finish {
+                method,
+                route: ctx.route.as_deref(),
+                backend: ctx.backend.as_deref(),
+                cache: ctx.cache,
+                client_era: ctx.era.map(|e| match e {
+                    Era::Modern => "modern",
+                    Era::Legacy => "legacy",
+                }),
+                passthrough: ctx.passthrough,
+                status: ctx.status,
+                error: ctx.error,
+            });
+        }
         self.metrics.record(&Record {
             route: ctx.route.as_ref(),
             backend: ctx.backend.as_ref(),

@@ -1,8 +1,10 @@
 //! What portico observes of each backend and of its config generations, kept for the status
 //! page (`status`): a latency window, requests in flight, the last failure, the tool catalogue
-//! storage, the generation number. Data and cheap recording only — a leaf: the per-backend step
-//! records into it, `status` reads it and fills the catalogue.
+//! storage, the generation number; and the tool names the backend listed, which bound the
+//! per-tool metrics' labels ([`tools`]). Data and cheap recording only — a leaf: the
+//! per-backend step records into it, `status` reads it and fills the catalogue.
 
+pub mod tools;
 pub mod window;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,6 +22,8 @@ pub struct BackendStats {
     /// The last failed upstream exchange. Locked only when one fails and when the page reads.
     pub last_error: Mutex<Option<LastError>>,
     pub catalogue: Catalogue,
+    /// Tool names the backend listed: the labels of its per-tool metrics.
+    pub tools: tools::KnownTools,
 }
 
 /// A failed upstream exchange, as the page shows it.

@@ -133,6 +133,9 @@ fn start(b: &Arc<Backend>) {
         let mut listing = b.stats.catalogue.lock();
         match result {
             Ok((tools, truncated)) => {
+                // The catalogue is a listing like any other: its names label the per-tool
+                // metrics too (`stats::tools`).
+                b.stats.tools.learn(tools.iter().map(|t| t.name.as_str()));
                 listing.tools = Some(tools.into());
                 listing.fetched_at = Some(SystemTime::now());
                 listing.truncated = truncated;

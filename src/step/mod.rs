@@ -31,7 +31,7 @@ use crate::auth::{self, Auth, Principal};
 use crate::backend::{Backend, Verdict};
 use crate::body::{Body, relay_response};
 use crate::bridge;
-use crate::cache::{Cache, Fetched, KeyInput};
+use crate::cache::{Cache, Fetched, KeyInput, Outcome};
 use crate::config::{Config, Protocol, ToolFilter, VerifyBody};
 use crate::error::GatewayError;
 use crate::frontend::{Era, ModernHead};
@@ -40,6 +40,7 @@ use crate::metrics::Metrics;
 use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, header as h};
 use crate::resilience;
 use crate::session::Sessions;
+use crate::telemetry::{TRACEPARENT, Trace};
 use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, UpstreamError};
 use serde_json::Value;
 
@@ -72,6 +73,9 @@ pub struct RequestCtx {
     pub backend: Option<Arc<str>>,
     /// The client's W3C `traceparent`, when well-formed (forwarded upstream by the allowlist).
     pub traceparent: Option<HeaderValue>,
+    /// The request's span, when `[tracing]` is on: upstream attempts become its children and
+    /// carry their own `traceparent` instead of the client's.
+    pub trace: Option<Trace>,
     /// Time spent waiting for upstream answers.
     pub upstream: Option<std::time::Duration>,
     /// The MCP method (from the header or the body).
@@ -108,6 +112,7 @@ impl RequestCtx {
             route: None,
             backend: None,
             traceparent: None,
+            trace: None,
             upstream: None,
             method: None,
             id: None,
@@ -198,8 +203,55 @@ pub enum Answer {
     Reprobed,
 }
 
-/// The per-backend step (see the module doc for its fixed order).
+/// The per-backend step (see the module doc for its fixed order). A `tools/call` is also
+/// counted in the backend's per-tool metrics, whatever the step decided (`stats::tools`).
 pub async fn step(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    backend: &Arc<Backend>,
+    req: StepRequest<'_>,
+) -> Result<Answer, GatewayError> {
+    let Some(tool) = called_tool(req.message, req.headers) else {
+        return admit_and_answer(core, ctx, backend, req).await;
+    };
+    let started = StdInstant::now();
+    let answer = admit_and_answer(core, ctx, backend, req).await;
+    let status = match &answer {
+        Ok(Answer::Relayed(r)) => Some(r.status()),
+        Ok(Answer::Reply(r)) => Some(r.status),
+        Err(e) => Some(e.status()),
+        // Not answered yet: the caller takes the step again, through the bridge.
+        Ok(Answer::Reprobed) => None,
+    };
+    if let Some(status) = status {
+        let (tools, took) = (&backend.stats.tools, started.elapsed());
+        tools.record(&core.metrics, &backend.name, &tool, status.as_u16(), took);
+    }
+    answer
+}
+
+/// The tool a `tools/call` names: the body's name, or for an unread body the `Mcp-Name`
+/// header (which a modern backend checks against the body itself; README, "Why header
+/// routing is safe"). Only a label: `stats::tools` keeps it to names the backend listed.
+fn called_tool<'a>(message: Message<'a>, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
+    match message {
+        Message::Parsed(env) if env.method == "tools/call" => {
+            Some(Cow::Borrowed(env.name.as_deref().unwrap_or("")))
+        }
+        Message::Unread {
+            method: "tools/call",
+        } => Some(
+            headers
+                .get(h::names::NAME)
+                .and_then(|v| protocol::decode_header_value(v.as_bytes()))
+                .unwrap_or(Cow::Borrowed("")),
+        ),
+        _ => None,
+    }
+}
+
+/// Steps 1 to 7.
+async fn admit_and_answer(
     core: &Core,
     ctx: &mut RequestCtx,
     backend: &Arc<Backend>,
@@ -386,10 +438,16 @@ async fn pass_through(
     ctx.passthrough = true;
     let team = team_headers(ctx, backend);
     let sent = StdInstant::now();
-    let exchanged = with_retry(backend, method, || {
-        up.forward(req.headers, team, &req.body, req.deadline)
-    })
-    .await;
+    let exchanged = match &ctx.trace {
+        None => {
+            with_retry(backend, method, || {
+                up.forward(req.headers, team, &req.body, req.deadline)
+            })
+            .await
+        }
+        // Boxed: the untraced path's state stays as small as it was.
+        Some(trace) => Box::pin(pass_through_traced(trace, backend, up, req, team, method)).await,
+    };
     ctx.upstream_since(sent);
     let ex = match exchanged {
         Ok(ex) => ex,
@@ -418,6 +476,41 @@ async fn pass_through(
     bridge::reprobe(backend, "a modern request was refused in legacy fashion");
     ctx.passthrough = false;
     Ok(Answer::Reprobed)
+}
+
+/// [`pass_through`]'s exchange with a span per attempt, whose `traceparent` the upstream
+/// request carries in place of the client's.
+async fn pass_through_traced(
+    trace: &Trace,
+    backend: &Backend,
+    up: &crate::upstream::http::HttpUpstream,
+    req: &StepRequest<'_>,
+    team: &[(HeaderName, HeaderValue)],
+    method: &str,
+) -> Result<crate::upstream::http::Exchange, UpstreamError> {
+    let mut n = 0;
+    with_retry(backend, method, || {
+        n += 1;
+        let span = trace.attempt(&backend.name, "pass_through", n);
+        let mut extra = team.to_vec();
+        extra.push((TRACEPARENT, span.traceparent()));
+        async move {
+            let r = up
+                .forward(req.headers, &extra, &req.body, req.deadline)
+                .await;
+            span.end(match &r {
+                Ok(ex) => Ok(Some(ex.response.status().as_u16())),
+                Err(e) => Err(upstream_reason(backend, e)),
+            });
+            r
+        }
+    })
+    .await
+}
+
+/// The reason word an upstream failure becomes (`GatewayError::reason`), for spans.
+fn upstream_reason(backend: &Backend, e: &UpstreamError) -> &'static str {
+    GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, e).reason()
 }
 
 /// Whether a refusal is a JSON-RPC error about the request itself (malformed, unknown method,
@@ -472,6 +565,14 @@ async fn answer(
             let reply = call_backend(ctx, backend, req, env).await;
             ctx.upstream_since(sent);
             backend.resilience.record_result(&reply);
+            if env.method == "tools/list"
+                && let Ok(Reply {
+                    messages: MessageStream::One(answer),
+                    ..
+                }) = &reply
+            {
+                backend.stats.tools.learn_list(answer);
+            }
             reply
         }
     }
@@ -487,17 +588,23 @@ async fn call_backend(
 ) -> Result<Reply, GatewayError> {
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Legacy {
-        match bridge::call(
-            backend,
-            &env.method,
-            env.id.as_ref(),
-            &req.body,
-            req.headers,
-            team_headers(ctx, backend),
-            req.deadline,
-        )
-        .await?
-        {
+        let team = team_headers(ctx, backend);
+        let bridged = match &ctx.trace {
+            None => {
+                bridge::call(
+                    backend,
+                    &env.method,
+                    env.id.as_ref(),
+                    &req.body,
+                    req.headers,
+                    team,
+                    req.deadline,
+                )
+                .await
+            }
+            Some(trace) => Box::pin(bridge_traced(trace, backend, req, env, team)).await,
+        };
+        match bridged? {
             bridge::Bridged::Answer(reply) => return Ok(reply),
             // The probe had it wrong (a slow-starting modern server): re-probed, so this
             // request and every later one take the modern path.
@@ -505,6 +612,40 @@ async fn call_backend(
         }
     }
     forward(ctx, backend, req, env).await
+}
+
+/// The bridge, as one span (its session handshake is portico's own traffic); the translated
+/// request carries the span's `traceparent`.
+async fn bridge_traced(
+    trace: &Trace,
+    backend: &Arc<Backend>,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+    team: &[(HeaderName, HeaderValue)],
+) -> Result<bridge::Bridged, GatewayError> {
+    let span = trace.attempt(&backend.name, "bridge", 1);
+    let mut extra = team.to_vec();
+    extra.push((TRACEPARENT, span.traceparent()));
+    let r = bridge::call(
+        backend,
+        &env.method,
+        env.id.as_ref(),
+        &req.body,
+        req.headers,
+        &extra,
+        req.deadline,
+    )
+    .await;
+    // A backend found modern after all was not bridged: the caller forwards instead.
+    if !matches!(r, Ok(bridge::Bridged::Modern)) {
+        trace.bridged();
+    }
+    span.end(match &r {
+        Ok(bridge::Bridged::Answer(reply)) => Ok(Some(reply.status.as_u16())),
+        Ok(bridge::Bridged::Modern) => Ok(None),
+        Err(e) => Err(e.reason()),
+    });
+    r
 }
 
 /// A cacheable request: served from the shared cache, or fetched (single-flight) and stored
@@ -587,6 +728,12 @@ async fn cached(
             Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
     }
     ctx.cache = Some(served.outcome.label());
+    // The names a backend lists bound its per-tool metrics: learnt from each answer that is
+    // new to this replica (a local hit was learnt when it was stored; coalesced and stale
+    // answers were learnt by the fetch that made them).
+    if env.method == "tools/list" && matches!(served.outcome, Outcome::Miss | Outcome::SharedHit) {
+        backend.stats.tools.learn_list(&served.body);
+    }
     if served.ttl_remaining_ms.is_some() {
         // Something of this backend is (or was just) in the cache: listen for its changes.
         core.watchers.ensure(backend, &core.cache);
@@ -614,16 +761,53 @@ async fn forward(
 ) -> Result<Reply, GatewayError> {
     let mut extra = mirror_headers(env);
     extra.extend_from_slice(team_headers(ctx, backend));
+    let sent = match &ctx.trace {
+        None => {
+            with_retry(backend, &env.method, || {
+                backend.upstream.call(Outgoing {
+                    body: req.body.clone(),
+                    client_headers: req.headers,
+                    extra: extra.clone(),
+                    deadline: req.deadline,
+                })
+            })
+            .await
+        }
+        Some(trace) => Box::pin(forward_traced(trace, backend, req, env, &extra)).await,
+    };
+    sent.map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))
+}
+
+/// [`forward`] with a span per attempt, whose `traceparent` the upstream request carries.
+async fn forward_traced(
+    trace: &Trace,
+    backend: &Backend,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+    extra: &[(HeaderName, HeaderValue)],
+) -> Result<Reply, UpstreamError> {
+    let mut n = 0;
     with_retry(backend, &env.method, || {
-        backend.upstream.call(Outgoing {
+        n += 1;
+        let span = trace.attempt(&backend.name, "message", n);
+        let mut extra = extra.to_vec();
+        extra.push((TRACEPARENT, span.traceparent()));
+        let call = backend.upstream.call(Outgoing {
             body: req.body.clone(),
             client_headers: req.headers,
-            extra: extra.clone(),
+            extra,
             deadline: req.deadline,
-        })
+        });
+        async move {
+            let r = call.await;
+            span.end(match &r {
+                Ok(reply) => Ok(Some(reply.status.as_u16())),
+                Err(e) => Err(upstream_reason(backend, e)),
+            });
+            r
+        }
     })
     .await
-    .map_err(|e| GatewayError::from_upstream(&backend.name, backend.cfg.timeout_ms, &e))
 }
 
 /// The one retry loop: an idempotent method whose connection could not be made is sent again,

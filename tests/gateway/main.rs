@@ -22,4 +22,5 @@ mod status; // status page
 mod stdio;
 mod stdio_front;
 mod tls;
+mod traces;
 mod upstream_h1;

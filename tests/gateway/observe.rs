@@ -406,6 +406,65 @@ async fn unknown_methods_and_paths_do_not_become_labels() {
     );
 }
 
+/// Per-tool metrics: a call is labelled with its tool's name only once the backend has listed
+/// that name (a parsed `tools/list`: here a cache miss, and one through the bridge); before
+/// that, and for names never listed, the label is `other`.
+#[tokio::test]
+async fn tool_calls_are_labelled_only_by_names_the_backend_listed() {
+    let modern = MockMcp::modern().start().await;
+    let legacy = MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[metrics]\nready_min_backends = 0\n[log]\naccess = false\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n\
+         [[backends]]\nname = \"l\"\nurl = \"{}\"\nprotocol = \"legacy\"\n",
+        modern.url(),
+        legacy.url()
+    ))
+    .await;
+    let call = |path: &'static str, id: i64, tool: &'static str| {
+        let url = gw.url(path);
+        async move {
+            let args = json!({"name": tool, "arguments": {"text": "hi", "a": 1, "b": 2}});
+            let r = mcp(&url, json!(id), "tools/call", args).await;
+            assert_eq!(r.status, 200, "{tool}: {:?}", r.body);
+        }
+    };
+    // Not listed yet: `other`.
+    call("/mcp/m", 1, "echo").await;
+    for (path, id) in [("/mcp/m", 2), ("/mcp/l", 3)] {
+        let r = mcp(&gw.url(path), json!(id), "tools/list", json!({})).await;
+        assert_eq!(r.status, 200);
+    }
+    // Passed through unread (the name comes from Mcp-Name), and bridged.
+    call("/mcp/m", 4, "echo").await;
+    call("/mcp/l", 5, "add").await;
+    // Never listed: the client's made-up name stays out of the labels.
+    call("/mcp/m", 6, "made-up-tool-name").await;
+    let text = scrape_text(&gw).await;
+    assert!(!text.contains("made-up-tool-name"), "{text}");
+    let s = parse_scrape(&text);
+    let calls = |backend: &str, tool: &str| {
+        value(
+            &s,
+            "portico_tool_calls_total",
+            &[("backend", backend), ("tool", tool), ("outcome", "ok")],
+        )
+    };
+    assert_eq!(calls("m", "echo"), 1.0, "{text}");
+    assert_eq!(calls("m", "other"), 2.0, "{text}");
+    assert_eq!(calls("l", "add"), 1.0, "{text}");
+    assert_eq!(calls("l", "other"), 0.0, "{text}");
+    assert_eq!(
+        value(
+            &s,
+            "portico_tool_call_duration_seconds_count",
+            &[("backend", "m"), ("tool", "echo")]
+        ),
+        1.0
+    );
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn in_flight_gauge_counts_requests_being_handled() {
     let mock = MockMcp::modern()
@@ -1035,6 +1094,13 @@ fn every_exported_metric_is_documented() {
         upstream: Some(std::time::Duration::from_millis(1)),
     });
     m.aggregate_omitted("/mcp", "b");
+    portico::stats::tools::KnownTools::default().record(
+        &m,
+        "b",
+        "t",
+        200,
+        std::time::Duration::from_millis(1),
+    );
     let handles = m.backend("b");
     handles.retries.inc();
     m.reload(true);
