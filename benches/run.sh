@@ -23,7 +23,7 @@ DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
 DEFAULT_TARGETS="direct nginx portico portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -53,26 +53,26 @@ die() { say "run.sh: $*"; exit 1; }
 # target -> which server answers it, and which MCP method the load sends.
 declare -A T_SERVER=(
     [direct]=b1 [direct-list]=b1 [nginx]=nginx [nginx-list]=nginx
-    [portico]=pass [portico-base]=base [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
+    [portico]=pass [portico-base]=base [portico-trace1]=trace1 [portico-trace001]=trace001 [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
     [portico-redis]=redis
     [portico-agg]=agg [portico-legacy]=legacy
     [direct-py]=py [portico-py-cache]=pycache
 )
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
-    [portico]=tools/call [portico-base]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
+    [portico]=tools/call [portico-base]=tools/call [portico-trace1]=tools/call [portico-trace001]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
     [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list
     [portico-legacy]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
 )
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
-    [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
+    [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-trace1]=/mcp/bench [portico-trace001]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
     [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp
     [portico-legacy]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
 )
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
-    [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-list]=b1
+    [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-trace1]=b1 [portico-trace001]=b1 [portico-list]=b1
     [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-legacy]=bl
     [direct-py]=py [portico-py-cache]=py
 )
@@ -248,9 +248,13 @@ enabled = $cache
 EOF
     # The Redis tier alone: no local tier, so every request is a Redis round trip.
     [[ $name == redis ]] && printf 'redis_url = "redis://127.0.0.1:%s"\nlocal = false\n' "${PORT[redisd]}"
+    case $name in
+    trace1) printf '\n[tracing]\notlp_endpoint = "http://127.0.0.1:%s/v1/traces"\nsampling_ratio = 1.0\n' "${PORT[sink]}" ;;
+    trace001) printf '\n[tracing]\notlp_endpoint = "http://127.0.0.1:%s/v1/traces"\nsampling_ratio = 0.01\n' "${PORT[sink]}" ;;
+    esac
     echo
     case $name in
-    pass | base | verify | cache | redis)
+    pass | base | trace1 | trace001 | verify | cache | redis)
         cat <<EOF
 [[backends]]
 name = "bench"
@@ -429,6 +433,8 @@ check_target() { # TARGET: probes it; on failure records NA[TARGET]
 say "temp dir: $TMP"
 start_backend b1 --name bench-b1 || die "${DOWN[b1]}"
 if wants agg; then start_backend b2 --name bench-b2; start_backend b3 --name bench-b3; fi
+# The span sink of the traced instances: another bench backend (it answers any POST with 200).
+if wants trace1 || wants trace001; then start_backend sink --name bench-sink; fi
 if wants legacy; then start_backend bl --legacy --name bench-legacy; fi
 if wants py || wants pycache; then
     # The official Python SDK server (tests/interop), a realistic backend: ttlMs 60 s, public.
@@ -454,7 +460,7 @@ if wants redis; then
     wait_port "$FREE_PORT" "${PID[redisd]}" 10 \
         || DOWN[redis]="redis-server did not start: $(last_err "$TMP/redisd.out")"
 fi
-for inst in pass base verify cache redis agg legacy pycache; do
+for inst in pass base trace1 trace001 verify cache redis agg legacy pycache; do
     if wants "$inst"; then
         [[ -n ${DOWN[$inst]:-} ]] && continue
         if [[ ( $inst == agg && ( -n ${DOWN[b2]:-} || -n ${DOWN[b3]:-} ) ) ]]; then
@@ -474,7 +480,7 @@ for t in $TARGETS; do
 done
 # Where each portico log stood before the load, to tell startup messages from load-time ones.
 declare -A LOG_MARK=()
-for s in pass base verify cache redis agg legacy pycache; do
+for s in pass base trace1 trace001 verify cache redis agg legacy pycache; do
     [[ -f $TMP/$s.err ]] && LOG_MARK[$s]=$(wc -l <"$TMP/$s.err")
 done
 
@@ -605,7 +611,7 @@ done
 
 # ---------------------------------------------------------------- memory (before anything stops)
 declare -A PEAK_RSS=()
-for s in pass base verify cache redis agg legacy; do
+for s in pass base trace1 trace001 verify cache redis agg legacy; do
     [[ -n ${PID[$s]:-} ]] && alive "${PID[$s]}" && PEAK_RSS[$s]=$(status_kb "${PID[$s]}" VmHWM)
 done
 [[ -n $NGINX_MASTER ]] && alive "$NGINX_MASTER" && PEAK_RSS[nginx]=$(nginx_rss VmHWM)
@@ -624,7 +630,7 @@ warnings() { # FILE PHASE-LABEL INSTANCE
             | sed 's/^/    /' >>"$TMP/notes.txt"
     fi
 }
-for s in pass base verify cache redis agg legacy; do
+for s in pass base trace1 trace001 verify cache redis agg legacy; do
     [[ -f $TMP/$s.err ]] || continue
     mark=${LOG_MARK[$s]:-0}
     head -n "$mark" "$TMP/$s.err" >"$TMP/$s.startup"
@@ -654,6 +660,8 @@ inst_desc() {
     case $1 in
     pass) echo "portico (pass-through; targets portico, portico-list)" ;;
     base) echo "portico-base (pass-through, BASE_BIN)" ;;
+    trace1) echo "portico-trace1 (pass-through, [tracing] sampling 1.0)" ;;
+    trace001) echo "portico-trace001 (pass-through, [tracing] sampling 0.01)" ;;
     verify) echo "portico-verify (verify_body = always)" ;;
     cache) echo "portico-cache ([cache] enabled)" ;;
     redis) echo "portico-redis ([cache] redis_url, local = false)" ;;
@@ -683,7 +691,7 @@ inst_desc() {
     echo
     echo "| process | RSS right after start | peak RSS (VmHWM) at the end |"
     echo "|---|---:|---:|"
-    for s in pass base verify cache redis agg legacy nginx b1; do
+    for s in pass base trace1 trace001 verify cache redis agg legacy nginx b1; do
         [[ -n ${PID[$s]:-} || -n ${DOWN[$s]:-} ]] || continue
         if [[ -n ${DOWN[$s]:-} && -z ${IDLE_RSS[$s]:-} ]]; then
             echo "| $(inst_desc "$s") | n/a | n/a |"

@@ -411,6 +411,12 @@ async fn handle(state: &State, req: Request<Incoming>) -> Resp {
     if parts.method == Method::GET && parts.uri.path() == "/stats" {
         return state.stats();
     }
+    if parts.method == Method::POST && parts.uri.path() == "/v1/traces" {
+        // The benchmark's span sink (targets portico-trace*): an OTLP/HTTP export is accepted
+        // and dropped; an empty 200 is a valid export response.
+        let _ = body.collect().await;
+        return empty(StatusCode::OK);
+    }
     if state.legacy && parts.method == Method::DELETE {
         return empty(StatusCode::OK);
     }
