@@ -291,6 +291,11 @@ where
 /// Decides the era of a request from its headers, peeking at the body only when the headers
 /// cannot tell (no version header).
 pub fn era(head: &Head, body: &[u8]) -> Result<Era, GatewayError> {
+    // A 2026-07-28 request is one whatever else it carries: a stray `Mcp-Session-Id` is
+    // ignored (2026-07-28 has no sessions), never a reason to look for a legacy session.
+    if head.version == Some(LATEST_VERSION) {
+        return Ok(Era::Modern);
+    }
     if head.session.is_some() {
         return Ok(Era::Legacy);
     }
@@ -334,6 +339,15 @@ pub fn check_modern_head<'a>(head: &'a Head<'_>) -> Result<ModernHead<'a>, Gatew
         }
         None => None,
     };
+    // Methods 2026-07-28 removed (docs/protocol.md §2) are answered here, on every URL, and
+    // never forwarded: a legacy backend would answer them, a modern one must not see them.
+    if let Some(m) = head.method
+        && protocol::is_removed_in_modern(m)
+    {
+        return Err(GatewayError::MethodNotFound(format!(
+            "{m} was removed in 2026-07-28"
+        )));
+    }
     if let Some(m) = &head.method
         && name_field(m).is_some()
         && name.is_none()
@@ -361,6 +375,12 @@ pub fn envelope_error(e: EnvelopeError) -> GatewayError {
 /// The body check: every mirrored header must agree with the body, and the body must carry the
 /// `_meta` keys 2026-07-28 requires.
 pub fn verify_modern(head: &Head, mh: &ModernHead<'_>, env: &Envelope) -> Result<(), GatewayError> {
+    if protocol::is_removed_in_modern(&env.method) {
+        return Err(GatewayError::MethodNotFound(format!(
+            "{} was removed in 2026-07-28",
+            env.method
+        )));
+    }
     match env.kind {
         Kind::Response => {
             return Err(GatewayError::InvalidRequest(

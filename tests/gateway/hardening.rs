@@ -752,3 +752,74 @@ async fn a_team_filtered_list_is_labelled_private() {
     );
     gw.stop().await;
 }
+
+/// Methods 2026-07-28 removed are answered 404 `-32601` by portico on every URL and never reach
+/// a backend of either era; a stray `Mcp-Session-Id` on a 2026-07-28 request is ignored.
+#[tokio::test]
+async fn removed_methods_are_never_forwarded() {
+    let modern = crate::common::mock::MockMcp::modern().start().await;
+    let legacy = crate::common::mock::MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n[[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n\
+         [[backends]]\nname = \"l\"\nurl = \"{}\"\nprotocol = \"legacy\"\n[[endpoints]]\npath = \"/mcp\"\nbackends = [\"m\", \"l\"]\n",
+        modern.url(),
+        legacy.url()
+    ))
+    .await;
+    let removed = [
+        "ping",
+        "initialize",
+        "notifications/initialized",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+    ];
+    for path in ["/mcp/m", "/mcp/l", "/mcp"] {
+        for method in removed {
+            let id = if method.starts_with("notifications/") {
+                Value::Null
+            } else {
+                json!(1)
+            };
+            let mut body: Value = serde_json::from_str(&crate::common::modern_body(
+                json!(1),
+                method,
+                json!({"uri": "x://y", "level": "info"}),
+            ))
+            .unwrap();
+            if id.is_null() {
+                body.as_object_mut().unwrap().remove("id");
+            }
+            let h = crate::common::modern_headers(method, None);
+            let r = send("POST", &gw.url(path), &h, body.to_string()).await;
+            assert_eq!(r.status, 404, "{path} {method}: {:?}", r.body);
+            assert_eq!(r.code(), -32601, "{path} {method}");
+        }
+    }
+    for method in removed {
+        assert_eq!(
+            modern.count(method),
+            0,
+            "{method} reached the modern backend"
+        );
+        if method != "initialize" && method != "notifications/initialized" {
+            assert_eq!(
+                legacy.count(method),
+                0,
+                "{method} reached the legacy backend"
+            );
+        }
+    }
+    // A stray session id does not make a 2026-07-28 request a legacy one.
+    let mut h = crate::common::modern_headers("tools/list", None);
+    h.push(("mcp-session-id", "not-a-session"));
+    let r = send(
+        "POST",
+        &gw.url("/mcp/m"),
+        &h,
+        crate::common::modern_body(json!(2), "tools/list", json!({})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    gw.stop().await;
+}
