@@ -21,4 +21,5 @@ mod status; // status page
 mod stdio;
 mod stdio_front;
 mod tls;
+mod upstream_faults;
 mod upstream_h1;
