@@ -33,6 +33,8 @@ pub const DEFAULT_REDIS_PREFIX: &str = "portico";
 pub const DEFAULT_SEPARATOR: &str = "__";
 pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 3_000;
 pub const DEFAULT_MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
+/// Largest upstream answer portico holds in memory (README "Security model", Limits).
+pub const DEFAULT_MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_DEBOUNCE_MS: u64 = 200;
 pub const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 256;
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
@@ -416,6 +418,12 @@ pub struct BackendConfig {
     /// Longest stdout line accepted from a stdio backend.
     #[serde(default = "default_max_line_bytes")]
     pub max_line_bytes: usize,
+    /// Largest answer portico holds from this HTTP backend: a JSON answer on the message path
+    /// (decoded, cached, aggregated or bridged) and each SSE event it decodes. Beyond it, 502
+    /// and the connection is closed. Relayed (pass-through) answers are streamed, not held, and
+    /// are not capped by it.
+    #[serde(default = "default_max_answer_bytes")]
+    pub max_answer_bytes: usize,
     /// How long a protocol probe waits for an answer before calling a stdio server legacy.
     #[serde(default = "default_probe_timeout_ms")]
     pub probe_timeout_ms: u64,
@@ -667,6 +675,9 @@ fn default_probe_timeout_ms() -> u64 {
 fn default_max_line_bytes() -> usize {
     DEFAULT_MAX_LINE_BYTES
 }
+fn default_max_answer_bytes() -> usize {
+    DEFAULT_MAX_ANSWER_BYTES
+}
 fn default_debounce_ms() -> u64 {
     DEFAULT_DEBOUNCE_MS
 }
@@ -825,6 +836,9 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
         }
         if b.timeout_ms == 0 {
             return Err(invalid(key("timeout_ms"), "must be greater than 0"));
+        }
+        if b.max_answer_bytes == 0 {
+            return Err(invalid(key("max_answer_bytes"), "must be greater than 0"));
         }
         for (name, value) in b.headers.iter_mut() {
             http::HeaderName::from_bytes(name.as_bytes())

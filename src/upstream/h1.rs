@@ -272,16 +272,24 @@ pub async fn exchange(
     if alone && crate::metrics::lone_connection() {
         conn.read_now();
     }
-    let head = match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_head(cx))).await {
-        None => return Err(UpstreamError::Timeout),
-        Some(r) => r?,
-    };
+    let mut interim = 0;
+    let head =
+        match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_head(cx, &mut interim))).await {
+            None => return Err(UpstreamError::Timeout),
+            Some(r) => r?,
+        };
     let mut body = H1Body {
         conn: Some(conn),
         framing: head.framing,
         keep_alive: head.keep_alive,
     };
-    body.settle();
+    // Framing that arrived with the head and is already broken (a chunk size of `ZZZZ`) is
+    // the backend's fault before anything was relayed: the caller answers 502 instead of
+    // sending a 200 head it would have to break off (README "Security model", upstream
+    // answers). This reads no more bytes than the head did.
+    if let Err(e) = body.settle() {
+        return Err(UpstreamError::Protocol(e.to_string()));
+    }
     let mut resp = Response::new(body);
     *resp.status_mut() = head.status;
     *resp.version_mut() = head.version;
@@ -388,10 +396,17 @@ impl Conn {
         Poll::Ready(Ok(()))
     }
 
-    fn poll_head(&mut self, cx: &mut Context<'_>) -> Poll<Result<Head, UpstreamError>> {
+    /// `interim` counts the bytes of interim (1xx) answers skipped so far: a backend that
+    /// sends them without end would otherwise keep this loop busy, and a busy loop never lets
+    /// the deadline timer be polled.
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        interim: &mut usize,
+    ) -> Poll<Result<Head, UpstreamError>> {
         loop {
             if !self.rbuf.is_empty() {
-                match parse_head(&mut self.rbuf, &mut self.spots)? {
+                match parse_head(&mut self.rbuf, &mut self.spots, interim)? {
                     Some(head) => return Poll::Ready(Ok(head)),
                     None if self.rbuf.len() > MAX_HEAD_BYTES => {
                         return Poll::Ready(Err(UpstreamError::Protocol(
@@ -414,9 +429,13 @@ impl Conn {
     }
 }
 
-/// Parses one answer head off the front of `buf`, skipping interim (1xx) answers. `None`: more
-/// bytes are needed.
-fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head>, UpstreamError> {
+/// Parses one answer head off the front of `buf`, skipping interim (1xx) answers (at most
+/// `MAX_HEAD_BYTES` of them in all, counted in `interim`). `None`: more bytes are needed.
+fn parse_head(
+    buf: &mut BytesMut,
+    spots: &mut HeaderSpots,
+    interim: &mut usize,
+) -> Result<Option<Head>, UpstreamError> {
     loop {
         let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut []);
@@ -428,6 +447,11 @@ fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head
             Err(e) => return Err(UpstreamError::Protocol(format!("bad answer head: {e}"))),
         };
         let code = resp.code.unwrap_or(0);
+        // RFC 9110 §15 defines 100–599; `http::StatusCode` accepts up to 999, and relaying a
+        // 999 would hand the client a status no client can interpret.
+        if !(100..=599).contains(&code) {
+            return Err(UpstreamError::Protocol(format!("bad status {code}")));
+        }
         let version = if resp.version == Some(0) {
             Version::HTTP_10
         } else {
@@ -436,6 +460,10 @@ fn parse_head(buf: &mut BytesMut, spots: &mut HeaderSpots) -> Result<Option<Head
         if (100..200).contains(&code) {
             if code == 101 {
                 return Err(UpstreamError::Protocol("unexpected protocol switch".into()));
+            }
+            *interim += len;
+            if *interim > MAX_HEAD_BYTES {
+                return Err(UpstreamError::Protocol("too many interim answers".into()));
             }
             buf.advance(len);
             continue;
@@ -552,6 +580,10 @@ enum Framing {
     Close,
     /// The body has ended cleanly.
     Done,
+    /// The framing was found broken while settling; the next poll reports it. Sticky: the
+    /// bytes after a bad chunk-size line must never be read as the next chunk (which would
+    /// skip the bad one and relay the rest as if nothing happened).
+    Broken,
     /// The body broke (or timed out); the connection is gone.
     Failed,
 }
@@ -565,8 +597,9 @@ enum Chunk {
     Data(u64),
     /// After a chunk's data, before its CRLF.
     DataEnd,
-    /// After the last chunk: trailer lines until an empty one.
-    Trailer,
+    /// After the last chunk: trailer lines until an empty one; the bytes of those read so far
+    /// (bounded like a head, so endless trailers end in an error, not a busy loop).
+    Trailer(usize),
 }
 
 /// One decoding step over buffered bytes.
@@ -581,8 +614,17 @@ impl Framing {
     /// With `data: false` it stops before any data (answering `NeedMore`) and only consumes
     /// framing.
     fn step(&mut self, buf: &mut BytesMut, data: bool) -> Result<Step, H1Error> {
+        let r = self.step_inner(buf, data);
+        if r.is_err() {
+            *self = Framing::Broken;
+        }
+        r
+    }
+
+    fn step_inner(&mut self, buf: &mut BytesMut, data: bool) -> Result<Step, H1Error> {
         match self {
             Framing::Done | Framing::Failed => Ok(Step::Done),
+            Framing::Broken => Err(H1Error::Chunked),
             Framing::Length(0) => {
                 *self = Framing::Done;
                 Ok(Step::Done)
@@ -611,7 +653,7 @@ impl Framing {
                         };
                         let size = chunk_size(&line)?;
                         *state = if size == 0 {
-                            Chunk::Trailer
+                            Chunk::Trailer(0)
                         } else {
                             Chunk::Data(size)
                         };
@@ -644,7 +686,7 @@ impl Framing {
                         },
                         Some(_) => return Err(H1Error::Chunked),
                     },
-                    Chunk::Trailer => {
+                    Chunk::Trailer(seen) => {
                         let Some(line) = take_line(buf)? else {
                             return Ok(Step::NeedMore);
                         };
@@ -652,6 +694,11 @@ impl Framing {
                             *self = Framing::Done;
                             return Ok(Step::Done);
                         }
+                        let seen = seen + line.len() + 2;
+                        if seen > MAX_HEAD_BYTES {
+                            return Err(H1Error::Chunked);
+                        }
+                        *state = Chunk::Trailer(seen);
                     }
                 }
             },
@@ -703,14 +750,24 @@ pub struct H1Body {
 }
 
 impl H1Body {
+    /// A body that is over, holding no connection (what a relay keeps once it has failed).
+    pub fn ended() -> H1Body {
+        H1Body {
+            conn: None,
+            framing: Framing::Failed,
+            keep_alive: false,
+        }
+    }
+
     /// Advances over framing bytes already buffered (a chunk's CRLF, the last chunk, trailers)
     /// so the end of the body is seen with its last data, without waiting for another poll.
-    fn settle(&mut self) {
+    /// A framing error found here is returned for `exchange`; after data it is left to surface
+    /// at the next poll (the framing stays where it failed, so that poll fails the same way).
+    fn settle(&mut self) -> Result<(), H1Error> {
         let Some(conn) = self.conn.as_mut() else {
-            return;
+            return Ok(());
         };
-        // An error is left to surface at the next poll.
-        let _ = self.framing.step(&mut conn.rbuf, false);
+        self.framing.step(&mut conn.rbuf, false).map(|_| ())
     }
 
     pub fn is_end_stream(&self) -> bool {
@@ -749,7 +806,7 @@ impl H1Body {
             };
             match self.framing.step(&mut conn.rbuf, true) {
                 Ok(Step::Data(bytes)) => {
-                    self.settle();
+                    let _ = self.settle();
                     return Poll::Ready(Some(Ok(Frame::data(bytes))));
                 }
                 Ok(Step::Done) => return Poll::Ready(None),
@@ -794,8 +851,8 @@ mod tests {
         let mut body = Vec::new();
         loop {
             if head.is_none() {
-                head =
-                    parse_head(&mut buf, &mut HeaderSpots::default()).map_err(|e| e.to_string())?;
+                head = parse_head(&mut buf, &mut HeaderSpots::default(), &mut 0)
+                    .map_err(|e| e.to_string())?;
             }
             if let Some(h) = head.as_mut() {
                 loop {
@@ -855,19 +912,19 @@ mod tests {
             &b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n"[..],
         );
         assert!(
-            !parse_head(&mut buf, &mut HeaderSpots::default())
+            !parse_head(&mut buf, &mut HeaderSpots::default(), &mut 0)
                 .unwrap()
                 .unwrap()
                 .keep_alive
         );
         let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n\r\n"[..]);
-        let h = parse_head(&mut buf, &mut HeaderSpots::default())
+        let h = parse_head(&mut buf, &mut HeaderSpots::default(), &mut 0)
             .unwrap()
             .unwrap();
         assert!(matches!(h.framing, Framing::Close) && !h.keep_alive);
         let mut buf = BytesMut::from(&b"HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"[..]);
         assert!(
-            !parse_head(&mut buf, &mut HeaderSpots::default())
+            !parse_head(&mut buf, &mut HeaderSpots::default(), &mut 0)
                 .unwrap()
                 .unwrap()
                 .keep_alive
@@ -878,7 +935,7 @@ mod tests {
     fn framing_is_read_from_the_head_and_kept_out_of_the_map() {
         let head = |wire: &[u8]| {
             let mut buf = BytesMut::from(wire);
-            parse_head(&mut buf, &mut HeaderSpots::default())
+            parse_head(&mut buf, &mut HeaderSpots::default(), &mut 0)
         };
         // Both a coding and a length: chunked wins, and the connection is not reused.
         let h = head(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -1024,6 +1081,99 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(wire)
             );
+        }
+    }
+
+    /// Statuses outside 100–599 are not HTTP answers (`http::StatusCode` would take 999).
+    #[test]
+    fn statuses_outside_100_to_599_are_refused() {
+        for wire in [
+            &b"HTTP/1.1 999 Whatever\r\ncontent-length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 600 Nope\r\ncontent-length: 0\r\n\r\n",
+            b"HTTP/1.1 099 Nope\r\ncontent-length: 0\r\n\r\n",
+        ] {
+            let mut buf = BytesMut::from(wire);
+            assert!(
+                parse_head(&mut buf, &mut HeaderSpots::default(), &mut 0).is_err(),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let mut buf = BytesMut::from(&b"HTTP/1.1 599 Edge\r\ncontent-length: 0\r\n\r\n"[..]);
+        let h = parse_head(&mut buf, &mut HeaderSpots::default(), &mut 0);
+        assert_eq!(h.unwrap().unwrap().status.as_u16(), 599);
+    }
+
+    /// Endless interim answers and endless trailers end in an error within a head's worth of
+    /// bytes, instead of keeping the reader busy (and the deadline timer unpolled) forever.
+    #[test]
+    fn interim_answers_and_trailers_are_bounded() {
+        let mut interim = 0;
+        let mut result = Ok(None);
+        for _ in 0..10_000 {
+            let mut buf = BytesMut::from(&b"HTTP/1.1 102 Processing\r\n\r\n"[..]);
+            result = parse_head(&mut buf, &mut HeaderSpots::default(), &mut interim);
+            if result.is_err() {
+                break;
+            }
+        }
+        assert!(result.is_err() && interim <= MAX_HEAD_BYTES + 64);
+
+        let mut framing = Framing::Chunked(Chunk::Size);
+        let mut buf = BytesMut::from(&b"0\r\n"[..]);
+        let mut failed = false;
+        for _ in 0..10_000 {
+            buf.extend_from_slice(b"x-trailer: 0123456789\r\n");
+            match framing.step(&mut buf, true) {
+                Ok(Step::NeedMore) => {}
+                Ok(_) => panic!("trailers never ended"),
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        assert!(failed);
+    }
+
+    /// A bad chunk-size line found while settling (after a chunk's data) stays an error: the
+    /// line after it is never taken for the next chunk, so the bad chunk is not skipped.
+    #[test]
+    fn a_bad_chunk_size_is_never_skipped() {
+        let mut framing = Framing::Chunked(Chunk::Size);
+        let mut buf = BytesMut::from(&b"5\r\nhello\r\nZZZZ\r\n3\r\nabc\r\n0\r\n\r\n"[..]);
+        assert!(matches!(framing.step(&mut buf, true), Ok(Step::Data(d)) if &d[..] == b"hello"));
+        assert!(framing.step(&mut buf, false).is_err(), "settling finds it");
+        for _ in 0..3 {
+            assert!(
+                framing.step(&mut buf, true).is_err(),
+                "and every later step reports it"
+            );
+        }
+    }
+
+    /// Framing that arrives broken with the head fails the exchange itself, so the caller can
+    /// answer 502 before any head goes to the client.
+    #[tokio::test]
+    async fn broken_framing_with_the_head_fails_the_exchange() {
+        for wire in [
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nZZZZ\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffffff\r\n",
+            b"HTTP/1.1 999 Odd\r\ncontent-length: 2\r\n\r\n{}",
+        ] {
+            let (addr, backend) = thread_backend(vec![wire.to_vec()]);
+            let pool = Pool::new(4);
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            let r = exchange(&pool, &addr, deadline, |out| {
+                out.extend_from_slice(b"POST /mcp HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+            })
+            .await;
+            assert!(
+                matches!(r, Err(UpstreamError::Protocol(_))),
+                "{}",
+                String::from_utf8_lossy(wire)
+            );
+            backend.join().unwrap();
         }
     }
 

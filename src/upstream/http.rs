@@ -9,12 +9,12 @@
 //! (closing the TCP connection — which is how a backend learns a request was cancelled) when the
 //! client goes away first.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use crossbeam_queue::ArrayQueue;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as _, Frame, SizeHint};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -31,8 +31,8 @@ use super::{MessageStream, Reply, UpstreamError};
 use crate::config::BackendConfig;
 use crate::error::{BodyError, GatewayError};
 use crate::protocol::sniff_id;
+use crate::sse::SseDecoder;
 use crate::sse::sse_event;
-use crate::sse::{DEFAULT_MAX_EVENT_BYTES, SseDecoder};
 
 /// A live connection to the backend.
 enum Sender {
@@ -70,6 +70,9 @@ pub struct HttpUpstream {
     static_headers: Vec<(HeaderName, HeaderValue)>,
     /// Deadline for one exchange.
     pub timeout: Duration,
+    /// Largest answer held on the message path: a JSON body, or one SSE event
+    /// (`max_answer_bytes`).
+    pub max_answer: usize,
     /// Ready connections (TLS backends). HTTP/2 connections sit here too: they are pushed back
     /// at checkout, since one serves many requests at once.
     idle: ArrayQueue<Sender>,
@@ -170,6 +173,7 @@ impl HttpUpstream {
             tls,
             static_headers,
             timeout: Duration::from_millis(cfg.timeout_ms),
+            max_answer: cfg.max_answer_bytes.max(1),
             idle: ArrayQueue::new(cfg.max_idle_connections.max(1)),
             lean: h1::Pool::new(cfg.max_idle_connections),
         })
@@ -289,6 +293,14 @@ impl HttpUpstream {
                 Sender::H2(s) => s.try_send_request(req).await,
             };
             match result {
+                // hyper accepts any three digits; see `h1::parse_head` for why 600–999 is not
+                // relayed. Dropping `conn` closes it.
+                Ok(response) if response.status().as_u16() > 599 => {
+                    return Err(UpstreamError::Protocol(format!(
+                        "bad status {}",
+                        response.status().as_u16()
+                    )));
+                }
                 Ok(response) => {
                     return Ok(Exchange {
                         response: response.map(UpBody::Hyper),
@@ -391,6 +403,8 @@ impl HttpUpstream {
             deadline,
             sleep: None,
             on_break: sse.then_some(request_body),
+            at_boundary: true,
+            unclocked: 0,
             done: false,
         };
         if body.inner.is_end_stream() {
@@ -401,11 +415,22 @@ impl HttpUpstream {
     }
 
     /// Message path: sends a request and decodes the answer (JSON or SSE) into JSON-RPC messages.
+    ///
+    /// What is held here is bounded by `max_answer` (a JSON body; each SSE event), and a
+    /// successful answer must be what docs/protocol.md §4 says it is: one JSON-RPC response as
+    /// JSON, or SSE events that are JSON-RPC messages ending with the response. Anything else
+    /// is the backend's fault (`Protocol`, a 502 naming it) rather than a 200 carrying broken
+    /// bytes. Refusals (4xx/5xx) are returned as they are: their status already says the
+    /// request failed, and the bridge's probe reads refusals of any shape (docs/protocol.md §5).
+    /// An answer given up on is dropped mid-read, which closes its connection (it never goes
+    /// back to the pool with unread bytes).
     pub async fn call(
         self: &Arc<Self>,
         req: Request<Bytes>,
         deadline: Instant,
     ) -> Result<Reply, UpstreamError> {
+        // Only a POSTed request is owed a response; a GET stream (legacy notifications) is not.
+        let request = (req.method() == Method::POST).then(|| req.body().clone());
         let ex = self.exchange(req, deadline).await?;
         let status = ex.response.status();
         let headers = ex.response.headers().clone();
@@ -420,36 +445,120 @@ impl HttpUpstream {
                 messages: MessageStream::Empty,
             });
         }
+        let limit = self.max_answer;
         if is_event_stream(&headers) {
             return Ok(Reply {
                 status,
                 headers,
-                messages: MessageStream::Many(Box::pin(sse_messages(body))),
+                messages: MessageStream::Many(Box::pin(sse_messages(body, limit, request))),
             });
         }
-        let bytes = body
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.downcast_ref::<TimedOut>().is_some() {
-                    UpstreamError::Timeout
-                } else {
-                    UpstreamError::Closed(e.to_string())
-                }
-            })?
-            .to_bytes();
+        // A declared length over the bound fails before a byte of the body is read.
+        if body.size_hint().lower() > limit as u64 {
+            return Err(too_large(limit));
+        }
+        let bytes = collect_bounded(&mut body, limit).await?;
+        let owed = || request.as_deref().and_then(sniff_id).is_some();
         if bytes.is_empty() {
+            if status.is_success() && owed() {
+                return Err(UpstreamError::Protocol(
+                    "the answer to a request is empty".into(),
+                ));
+            }
             return Ok(Reply {
                 status,
                 headers,
                 messages: MessageStream::Empty,
             });
         }
+        if status.is_success() {
+            match shape(&bytes) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(UpstreamError::Protocol(
+                        "the answer is not a JSON-RPC response".into(),
+                    ));
+                }
+                Err(what) => return Err(UpstreamError::Protocol(format!("the answer {what}"))),
+            }
+        }
         Ok(Reply {
             status,
             headers,
             messages: MessageStream::One(bytes),
         })
+    }
+}
+
+fn too_large(limit: usize) -> UpstreamError {
+    UpstreamError::Protocol(format!(
+        "the answer exceeds max_answer_bytes ({limit} bytes)"
+    ))
+}
+
+/// A body error as an upstream error: the deadline, broken framing (the backend's fault), or
+/// a connection that ended early.
+fn body_error(e: BodyError) -> UpstreamError {
+    if e.downcast_ref::<TimedOut>().is_some() {
+        UpstreamError::Timeout
+    } else if let Some(h1::H1Error::Chunked) = e.downcast_ref::<h1::H1Error>() {
+        UpstreamError::Protocol(e.to_string())
+    } else {
+        UpstreamError::Closed(e.to_string())
+    }
+}
+
+/// Reads a whole answer body, giving up (and so dropping the connection) once it passes
+/// `limit` bytes. A body that arrives in one frame is returned without a copy.
+async fn collect_bounded(body: &mut RelayBody, limit: usize) -> Result<Bytes, UpstreamError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+        let Ok(data) = frame.map_err(body_error)?.into_data() else {
+            continue; // trailers
+        };
+        len += data.len();
+        if len > limit {
+            return Err(too_large(limit));
+        }
+        match (&first, &mut joined) {
+            (None, _) => first = Some(data),
+            (Some(f), None) => {
+                let rest = usize::try_from(body.size_hint().lower()).unwrap_or(limit);
+                let mut j = BytesMut::with_capacity(len.saturating_add(rest).min(limit));
+                j.extend_from_slice(f);
+                j.extend_from_slice(&data);
+                joined = Some(j);
+            }
+            (Some(_), Some(j)) => j.extend_from_slice(&data),
+        }
+    }
+    Ok(match joined {
+        Some(j) => j.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}
+
+/// What one answer message is, read in a single pass that also checks it is complete JSON:
+/// `Ok(true)` a JSON-RPC response (a `result` or `error`, no `method`), `Ok(false)` another
+/// JSON-RPC message (a notification or request about the call), `Err` not a JSON-RPC message
+/// (its words complete "the answer …").
+fn shape(msg: &[u8]) -> Result<bool, &'static str> {
+    #[derive(serde::Deserialize)]
+    struct Shape<'a> {
+        #[serde(borrow)]
+        method: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow)]
+        result: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow)]
+        error: Option<&'a serde_json::value::RawValue>,
+    }
+    match serde_json::from_slice::<Shape<'_>>(msg) {
+        Ok(s) => Ok(s.method.is_none() && (s.result.is_some() || s.error.is_some())),
+        Err(e) if e.is_eof() => Err("is truncated JSON"),
+        Err(e) if e.is_syntax() => Err("is not valid JSON"),
+        Err(_) => Err("is not a JSON-RPC message"),
     }
 }
 
@@ -521,8 +630,19 @@ pub struct RelayBody {
     /// stream breaks or times out (a 200 has been sent, so only an in-stream error can tell the
     /// client).
     on_break: Option<Bytes>,
+    /// For SSE answers: the bytes relayed so far end an event (or none were relayed). An error
+    /// event appended to half an event would merge into it, so a break mid-event aborts instead.
+    at_boundary: bool,
+    /// Bytes relayed since the clock was last read. The timer is polled only when the backend
+    /// makes us wait, and a backend that never does (an endless body at full speed) would
+    /// never be cut; reading the clock every `CLOCK_EVERY` bytes enforces the deadline there
+    /// too, at the cost of a counter per frame.
+    unclocked: usize,
     done: bool,
 }
+
+/// Bytes relayed between two looks at the clock while the backend keeps the relay busy.
+const CLOCK_EVERY: usize = 64 * 1024;
 
 impl RelayBody {
     fn finish_ok(&mut self) {
@@ -538,8 +658,11 @@ impl RelayBody {
     fn fail(&mut self, why: &str, err: BodyError) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         self.done = true;
         self.conn = None;
+        // Drops the upstream connection now (H1: the socket; hyper: the body, which closes
+        // its connection), rather than when the client's response is dropped.
+        self.inner = UpBody::H1(h1::H1Body::ended());
         match self.on_break.take() {
-            Some(req) => {
+            Some(req) if self.at_boundary => {
                 let id = sniff_id(&req);
                 let msg = GatewayError::BackendFailed {
                     backend: self.upstream.name.to_string(),
@@ -548,8 +671,13 @@ impl RelayBody {
                 .to_message(id.as_ref());
                 Poll::Ready(Some(Ok(Frame::data(sse_event(&msg)))))
             }
-            None => Poll::Ready(Some(Err(err))),
+            _ => Poll::Ready(Some(Err(err))),
         }
+    }
+
+    fn timed_out(&mut self, err: BodyError) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let ms = self.upstream.timeout.as_millis();
+        self.fail(&format!("did not finish within {ms} ms"), err)
     }
 }
 
@@ -575,6 +703,18 @@ impl http_body::Body for RelayBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.unclocked += data.len();
+                    if this.unclocked >= CLOCK_EVERY {
+                        this.unclocked = 0;
+                        if Instant::now() >= this.deadline {
+                            return this.timed_out(Box::new(TimedOut));
+                        }
+                    }
+                    if this.on_break.is_some() && !data.is_empty() {
+                        this.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+                    }
+                }
                 if this.inner.is_end_stream() {
                     this.finish_ok();
                 }
@@ -585,8 +725,7 @@ impl http_body::Body for RelayBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) if e.downcast_ref::<TimedOut>().is_some() => {
-                let ms = this.upstream.timeout.as_millis();
-                this.fail(&format!("did not finish within {ms} ms"), e)
+                this.timed_out(e)
             }
             Poll::Ready(Some(Err(e))) => this.fail("closed the stream", e),
             // The lean client's body watches the deadline itself.
@@ -597,13 +736,7 @@ impl http_body::Body for RelayBody {
                     .sleep
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
                 match sleep.as_mut().poll(cx) {
-                    Poll::Ready(()) => {
-                        let ms = this.upstream.timeout.as_millis();
-                        this.fail(
-                            &format!("did not finish within {ms} ms"),
-                            Box::new(TimedOut),
-                        )
-                    }
+                    Poll::Ready(()) => this.timed_out(Box::new(TimedOut)),
                     Poll::Pending => Poll::Pending,
                 }
             }
@@ -611,12 +744,30 @@ impl http_body::Body for RelayBody {
     }
 }
 
-/// Decodes an SSE answer into JSON-RPC messages, ending with an error item if the stream breaks.
+/// Decodes an SSE answer into JSON-RPC messages, ending with an error item if the stream breaks,
+/// an event passes `limit` bytes or is not a JSON-RPC message, or (for a POSTed request, given
+/// as `request`) the stream ends without the response (docs/protocol.md §4).
 fn sse_messages(
     mut body: RelayBody,
+    limit: usize,
+    request: Option<Bytes>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, UpstreamError>> + Send {
     async_stream(move |tx| async move {
-        let mut dec = SseDecoder::new(DEFAULT_MAX_EVENT_BYTES);
+        let mut dec = SseDecoder::new(limit);
+        let mut answered = false;
+        // Checks one event; `false` once the stream must end (an error was sent, or nobody
+        // listens any more).
+        let deliver = async |ev: Bytes, answered: &mut bool| {
+            let item = match shape(&ev) {
+                Ok(response) => {
+                    *answered |= response;
+                    Ok(ev)
+                }
+                Err(what) => Err(UpstreamError::Protocol(format!("an SSE event {what}"))),
+            };
+            let go_on = item.is_ok();
+            tx.send(item).await.is_ok() && go_on
+        };
         loop {
             let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
             match frame {
@@ -626,16 +777,16 @@ fn sse_messages(
                         loop {
                             match dec.next_event() {
                                 Ok(Some(ev)) => {
-                                    if tx.send(Ok(ev)).await.is_err() {
+                                    if !deliver(ev, &mut answered).await {
                                         return;
                                     }
                                 }
                                 Ok(None) => break,
                                 Err(_) => {
                                     let _ = tx
-                                        .send(Err(UpstreamError::Protocol(
-                                            "SSE event too large".into(),
-                                        )))
+                                        .send(Err(UpstreamError::Protocol(format!(
+                                            "an SSE event exceeds max_answer_bytes ({limit} bytes)"
+                                        ))))
                                         .await;
                                     return;
                                 }
@@ -644,17 +795,21 @@ fn sse_messages(
                     }
                 }
                 Some(Err(e)) => {
-                    let err = if e.downcast_ref::<TimedOut>().is_some() {
-                        UpstreamError::Timeout
-                    } else {
-                        UpstreamError::Closed(e.to_string())
-                    };
-                    let _ = tx.send(Err(err)).await;
+                    let _ = tx.send(Err(body_error(e))).await;
                     return;
                 }
                 None => {
-                    if let Some(ev) = dec.finish() {
-                        let _ = tx.send(Ok(ev)).await;
+                    if let Some(ev) = dec.finish()
+                        && !deliver(ev, &mut answered).await
+                    {
+                        return;
+                    }
+                    if !answered && request.as_deref().and_then(sniff_id).is_some() {
+                        let _ = tx
+                            .send(Err(UpstreamError::Protocol(
+                                "the SSE stream ended without a response".into(),
+                            )))
+                            .await;
                     }
                     return;
                 }

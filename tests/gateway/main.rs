@@ -23,4 +23,5 @@ mod stdio;
 mod stdio_front;
 mod tls;
 mod traces;
+mod upstream_faults;
 mod upstream_h1;

@@ -89,7 +89,7 @@ async fn raw_backend(mode: Mode) -> RawBackend {
 }
 
 /// Reads one request (head + Content-Length body); `None` at end of stream.
-async fn read_request(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+pub(crate) async fn read_request(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();

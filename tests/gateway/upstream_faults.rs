@@ -1,0 +1,416 @@
+//! Strict upstream framing (README "Security model", upstream answers): every broken answer
+//! from a backend is the backend's fault — a 502 with a JSON-RPC error naming it while no head
+//! has gone to the client, and a stream that visibly breaks (an error event, or an aborted
+//! body) once one has. Never a 200 that looks complete. The backend is a raw socket that
+//! writes exactly the bytes each test names.
+
+use crate::common::*;
+use crate::upstream_h1::read_request;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+/// How the backend breaks its answer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    /// A chunked answer whose first chunk size is `ZZZZ`.
+    ChunkSizeZzzz,
+    /// A chunk size too large for 64 bits.
+    ChunkSizeOverflow,
+    /// A valid chunk (half of a JSON response), a `ZZZZ` chunk-size line, then the other half
+    /// as a valid chunk and the last chunk: skipping the bad line would yield a clean answer.
+    ChunkSizeZzzzBetween,
+    /// `content-length: 100`, 40 bytes, close.
+    TruncatedLength,
+    /// 200 `application/json` whose body is HTML.
+    InvalidJson,
+    /// 200 with a Content-Length that matches a JSON text cut short.
+    TruncatedJson,
+    /// 200 with a JSON notification where the response should be.
+    NotAResponse,
+    /// 200 with an empty body to a request.
+    Empty200,
+    /// An SSE answer that ends cleanly without any event.
+    SseEmpty,
+    /// An SSE answer with a progress notification, then a clean end: no response.
+    SseNoResponse,
+    /// An SSE event whose data is JSON cut short.
+    SseTruncatedEvent,
+    /// An SSE event larger than `max_answer_bytes` (64 KiB in [`config`]).
+    SseHugeEvent,
+    /// A JSON response larger than `max_answer_bytes`.
+    HugeJson,
+    /// Status 999.
+    Status999,
+    /// `102 Processing` interim answers, as fast as the socket takes them, forever.
+    InterimFlood,
+    /// A chunked JSON answer that sends one byte every 50 ms, forever.
+    Trickle,
+    /// SSE: a complete notification event, then the connection closes mid-body.
+    SseBreaksBetweenEvents,
+    /// SSE: half an event, then the connection closes mid-body.
+    SseBreaksMidEvent,
+}
+
+/// The longest a backend here keeps a connection open or keeps writing.
+const BACKEND_BOUND: Duration = Duration::from_secs(10);
+
+struct Backend {
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn backend(fault: Fault) -> Backend {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(tokio::time::timeout(BACKEND_BOUND, serve(tcp, fault)));
+        }
+    });
+    Backend { url, task }
+}
+
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+const JSON_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n";
+const SSE_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+fn with_length(body: &[u8]) -> Vec<u8> {
+    let mut out = format!("{JSON_HEAD}content-length: {}\r\n\r\n", body.len()).into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+async fn serve(mut tcp: TcpStream, fault: Fault) {
+    let mut buf = Vec::new();
+    while let Some(body) = read_request(&mut tcp, &mut buf).await {
+        let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let id = &req["id"];
+        let response = json!({"jsonrpc": "2.0", "id": id, "result": {
+            "resultType": "complete", "content": [], "tools": [], "ttlMs": 0}})
+        .to_string();
+        let progress = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
+        let chunked = format!("{JSON_HEAD}transfer-encoding: chunked\r\n\r\n").into_bytes();
+        let wire: Vec<u8> = match fault {
+            Fault::ChunkSizeZzzz => [chunked, b"ZZZZ\r\n{}\r\n0\r\n\r\n".to_vec()].concat(),
+            Fault::ChunkSizeOverflow => {
+                [chunked, b"fffffffffffffffff\r\n{}\r\n0\r\n\r\n".to_vec()].concat()
+            }
+            Fault::ChunkSizeZzzzBetween => {
+                let (a, b) = response.as_bytes().split_at(response.len() / 2);
+                [
+                    chunked,
+                    chunk(a),
+                    b"ZZZZ\r\n".to_vec(),
+                    chunk(b),
+                    b"0\r\n\r\n".to_vec(),
+                ]
+                .concat()
+            }
+            Fault::TruncatedLength => {
+                let mut w = format!("{JSON_HEAD}content-length: 100\r\n\r\n").into_bytes();
+                w.extend_from_slice(&response.as_bytes()[..40]);
+                let _ = tcp.write_all(&w).await;
+                return; // closes
+            }
+            Fault::InvalidJson => with_length(b"<html><body>oops</body></html>"),
+            Fault::TruncatedJson => with_length(&response.as_bytes()[..response.len() - 7]),
+            Fault::NotAResponse => with_length(progress.as_bytes()),
+            Fault::Empty200 => with_length(b""),
+            Fault::SseEmpty => [SSE_HEAD.as_bytes(), b"0\r\n\r\n"].concat(),
+            Fault::SseNoResponse => [
+                SSE_HEAD.as_bytes().to_vec(),
+                chunk(format!("event: message\ndata: {progress}\n\n").as_bytes()),
+                b"0\r\n\r\n".to_vec(),
+            ]
+            .concat(),
+            Fault::SseTruncatedEvent => [
+                SSE_HEAD.as_bytes().to_vec(),
+                chunk(format!("data: {}\n\n", &response[..response.len() - 7]).as_bytes()),
+                b"0\r\n\r\n".to_vec(),
+            ]
+            .concat(),
+            Fault::SseHugeEvent => {
+                let big = json!({"jsonrpc": "2.0", "id": id,
+                    "result": {"content": [{"type": "text", "text": "x".repeat(200_000)}]}});
+                [
+                    SSE_HEAD.as_bytes().to_vec(),
+                    chunk(format!("data: {big}\n\n").as_bytes()),
+                    b"0\r\n\r\n".to_vec(),
+                ]
+                .concat()
+            }
+            Fault::HugeJson => {
+                let big = json!({"jsonrpc": "2.0", "id": id,
+                    "result": {"content": [{"type": "text", "text": "x".repeat(200_000)}]}});
+                with_length(big.to_string().as_bytes())
+            }
+            Fault::Status999 => {
+                let mut w = b"HTTP/1.1 999 Whatever\r\ncontent-type: application/json\r\n".to_vec();
+                w.extend_from_slice(
+                    format!("content-length: {}\r\n\r\n", response.len()).as_bytes(),
+                );
+                w.extend_from_slice(response.as_bytes());
+                w
+            }
+            Fault::InterimFlood => {
+                let flood = b"HTTP/1.1 102 Processing\r\n\r\n".repeat(1000);
+                while tcp.write_all(&flood).await.is_ok() {}
+                return;
+            }
+            Fault::Trickle => {
+                if tcp.write_all(&chunked).await.is_err() {
+                    return;
+                }
+                while tcp.write_all(b"1\r\n \r\n").await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                return;
+            }
+            Fault::SseBreaksBetweenEvents | Fault::SseBreaksMidEvent => {
+                let event = format!("event: message\ndata: {progress}\n\n");
+                let part = if fault == Fault::SseBreaksMidEvent {
+                    &event[..event.len() / 2]
+                } else {
+                    &event[..]
+                };
+                let w = [SSE_HEAD.as_bytes(), &chunk(part.as_bytes())].concat();
+                let _ = tcp.write_all(&w).await;
+                return; // closes without the last chunk
+            }
+        };
+        if tcp.write_all(&wire).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `raw`: the message path (every body read, checked and held); `pass`: pass-through.
+fn config(url: &str) -> String {
+    format!(
+        r#"
+[log]
+access = false
+
+[[backends]]
+name = "raw"
+url = "{url}"
+protocol = "modern"
+verify_body = "always"
+timeout_ms = 3000
+max_answer_bytes = 65536
+
+[[backends]]
+name = "pass"
+url = "{url}"
+protocol = "modern"
+timeout_ms = 1500
+"#
+    )
+}
+
+async fn call(gw: &Gateway, backend: &str, method: &str) -> Resp {
+    let params = match method {
+        "tools/call" => json!({"name": "t", "arguments": {}}),
+        _ => json!({}),
+    };
+    mcp(
+        &gw.url(&format!("/mcp/{backend}")),
+        json!(1),
+        method,
+        params,
+    )
+    .await
+}
+
+/// A 502 whose JSON-RPC error (with the request's id) names `backend` and says `why`.
+fn assert_502(r: &Resp, backend: &str, why: &str, case: &str) {
+    let body = String::from_utf8_lossy(&r.body);
+    assert_eq!(r.status, 502, "{case}: {body}");
+    let v = r.json();
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.starts_with(&format!("backend {backend} ")) && msg.contains(why),
+        "{case}: {msg}"
+    );
+    assert_eq!(v["error"]["code"], -32603, "{case}");
+    assert_eq!(v["id"], 1, "{case}");
+}
+
+/// Every framing fault on the message path (a body portico reads and holds: a checked
+/// `tools/call`, a cacheable `tools/list`) is a 502 naming the backend, and says what broke.
+#[tokio::test]
+async fn broken_answers_on_the_message_path_are_502_naming_the_backend() {
+    for (fault, why) in [
+        (Fault::ChunkSizeZzzz, "chunked"),
+        (Fault::ChunkSizeOverflow, "chunked"),
+        (Fault::ChunkSizeZzzzBetween, "chunked"),
+        (Fault::TruncatedLength, "closed before the answer ended"),
+        (Fault::InvalidJson, "not valid JSON"),
+        (Fault::TruncatedJson, "truncated JSON"),
+        (Fault::NotAResponse, "not a JSON-RPC response"),
+        (Fault::Empty200, "empty"),
+        (Fault::SseEmpty, "without a response"),
+        (Fault::SseTruncatedEvent, "SSE event is truncated JSON"),
+        (Fault::SseHugeEvent, "max_answer_bytes (65536 bytes)"),
+        (Fault::HugeJson, "max_answer_bytes (65536 bytes)"),
+        (Fault::Status999, "bad status 999"),
+        (Fault::InterimFlood, "interim"),
+    ] {
+        let backend = backend(fault).await;
+        let gw = Gateway::start(&config(&backend.url)).await;
+        for method in ["tools/call", "tools/list"] {
+            let started = Instant::now();
+            let r = call(&gw, "raw", method).await;
+            assert_502(&r, "raw", why, &format!("{fault:?}, {method}"));
+            // Found from the bytes, not by waiting for the deadline (3 s).
+            assert!(
+                started.elapsed() < Duration::from_millis(2500),
+                "{fault:?}, {method}: took {:?}",
+                started.elapsed()
+            );
+        }
+        gw.stop().await;
+    }
+}
+
+/// An SSE answer that ends without its response: a 502 when the client has had nothing yet
+/// (a cacheable list waits for the response); after a streamed notification the head is out,
+/// so the stream ends with a JSON-RPC error event naming the backend, never silently.
+#[tokio::test]
+async fn an_sse_answer_without_its_response_is_an_error() {
+    let backend = backend(Fault::SseNoResponse).await;
+    let gw = Gateway::start(&config(&backend.url)).await;
+    let r = call(&gw, "raw", "tools/list").await;
+    assert_502(&r, "raw", "without a response", "tools/list");
+    let r = call(&gw, "raw", "tools/call").await;
+    assert_eq!(r.status, 200);
+    assert!(r.is_sse());
+    let msgs = r.messages();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert_eq!(msgs[0]["method"], "notifications/progress");
+    assert_eq!(msgs[1]["id"], 1);
+    let msg = msgs[1]["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.starts_with("backend raw ") && msg.contains("without a response"),
+        "{msg}"
+    );
+    gw.stop().await;
+}
+
+/// On pass-through the answer head goes to the client once its status and the framing that
+/// came with it are checked: a bad status or a bad first chunk size is still a 502.
+#[tokio::test]
+async fn pass_through_refuses_a_bad_status_or_first_chunk_with_502() {
+    for (fault, why) in [
+        (Fault::Status999, "bad status 999"),
+        (Fault::ChunkSizeZzzz, "chunked"),
+        (Fault::ChunkSizeOverflow, "chunked"),
+        (Fault::InterimFlood, "interim"),
+    ] {
+        let backend = backend(fault).await;
+        let gw = Gateway::start(&config(&backend.url)).await;
+        let r = call(&gw, "pass", "tools/call").await;
+        assert_502(&r, "pass", why, &format!("{fault:?}"));
+        gw.stop().await;
+    }
+}
+
+/// Reads a relayed body to its end: `Ok` with the bytes for a clean end, `Err` for a body
+/// that broke off (what a client must see when a relayed answer is cut).
+async fn read_relayed(gw: &Gateway) -> (u16, Result<Vec<u8>, String>, Duration) {
+    let started = Instant::now();
+    let body = modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name": "t", "arguments": {}}),
+    );
+    let resp = send_stream(
+        "POST",
+        &gw.url("/mcp/pass"),
+        &modern_headers("tools/call", Some("t")),
+        body,
+    )
+    .await;
+    let status = resp.status().as_u16();
+    let got = tokio::time::timeout(Duration::from_secs(8), resp.into_body().collect())
+        .await
+        .expect("the relayed body ends within 8 s")
+        .map(|c| c.to_bytes().to_vec())
+        .map_err(|e| e.to_string());
+    (status, got, started.elapsed())
+}
+
+/// Once the head is out, a relayed answer that breaks is seen to break: a JSON body cut short
+/// (Content-Length not reached, a bad chunk size after data) ends in an error at the client,
+/// never a clean end.
+#[tokio::test]
+async fn a_relayed_answer_that_breaks_after_its_head_is_aborted() {
+    for fault in [Fault::TruncatedLength, Fault::ChunkSizeZzzzBetween] {
+        let backend = backend(fault).await;
+        let gw = Gateway::start(&config(&backend.url)).await;
+        let (status, got, _) = read_relayed(&gw).await;
+        assert_eq!(status, 200, "{fault:?}");
+        assert!(got.is_err(), "{fault:?}: a clean end: {got:?}");
+        gw.stop().await;
+    }
+}
+
+/// A relayed SSE stream that breaks between events ends with a JSON-RPC error event naming
+/// the backend; one that breaks mid-event is aborted, since an event appended to half an event
+/// would merge into it.
+#[tokio::test]
+async fn a_relayed_sse_stream_that_breaks_ends_with_an_error_event_or_an_abort() {
+    let between = backend(Fault::SseBreaksBetweenEvents).await;
+    let gw = Gateway::start(&config(&between.url)).await;
+    let (status, got, _) = read_relayed(&gw).await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(got.expect("a clean end after the error event")).unwrap();
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| serde_json::from_str(d).expect("every event is whole JSON"))
+        .collect();
+    assert_eq!(events.len(), 2, "{text}");
+    assert_eq!(events[1]["id"], 1);
+    let msg = events[1]["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("backend pass "), "{msg}");
+    gw.stop().await;
+
+    let mid = backend(Fault::SseBreaksMidEvent).await;
+    let gw = Gateway::start(&config(&mid.url)).await;
+    let (status, got, _) = read_relayed(&gw).await;
+    assert_eq!(status, 200);
+    assert!(got.is_err(), "a clean end: {got:?}");
+    gw.stop().await;
+}
+
+/// A body that trickles past the deadline is cut at `timeout_ms` (1500 ms).
+#[tokio::test]
+async fn a_trickling_relay_is_cut_at_the_deadline() {
+    let backend = backend(Fault::Trickle).await;
+    let gw = Gateway::start(&config(&backend.url)).await;
+    let (status, got, took) = read_relayed(&gw).await;
+    assert_eq!(status, 200);
+    assert!(got.is_err(), "a clean end: {got:?}");
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_millis(3000),
+        "cut after {took:?}"
+    );
+    gw.stop().await;
+}
