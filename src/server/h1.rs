@@ -45,7 +45,7 @@ use crate::state::State;
 use crate::upstream::h1::{HeaderSpots, has_token, name_is, parse_length, push_decimal};
 
 /// Header fields per request head (parsed on the stack); more is refused with 431.
-const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 8 * 1024;
 /// Pipelined bytes read ahead while a request runs; past this the socket is left alone.
@@ -75,7 +75,7 @@ pub enum Outcome {
 }
 
 /// Why reading a request stopped.
-enum Stop {
+pub(crate) enum Stop {
     /// Close quietly: end of stream, an I/O error, the drain, or an idle timeout.
     Close,
     /// Something hyper should serve.
@@ -85,10 +85,10 @@ enum Stop {
 }
 
 /// One request head, parsed and checked.
-struct Head {
-    parts: http::request::Parts,
-    content_length: u64,
-    keep_alive: bool,
+pub(crate) struct Head {
+    pub(crate) parts: http::request::Parts,
+    pub(crate) content_length: u64,
+    pub(crate) keep_alive: bool,
 }
 
 /// How the answer body is framed on the wire.
@@ -421,8 +421,8 @@ impl Conn {
 }
 
 /// Parses a complete head at the front of `rbuf`, if there is one, taking it off the buffer.
-/// (A free function, so the fuzz smoke test can drive it without a socket.)
-fn parse_head(
+/// (A free function, so `crate::fuzz` and the smoke tests can drive it without a socket.)
+pub(crate) fn parse_head(
     rbuf: &mut BytesMut,
     spots: &mut HeaderSpots,
     max_head: usize,
@@ -496,6 +496,14 @@ fn parse_head(
         } else if name_is(name, b"connection") && has_token(h.value, b"close") {
             keep_alive = false;
         }
+    }
+    // RFC 9112 §3.2: a request target has no fragment, and `http::Uri` would drop one silently
+    // ("/mcp#x" routed as "/mcp"): refused, so the route is the bytes the client sent.
+    if rbuf[path.0..path.0 + path.1].contains(&b'#') {
+        return Err(Stop::Refuse(
+            StatusCode::BAD_REQUEST,
+            "malformed request target",
+        ));
     }
     let raw = rbuf.split_to(len).freeze();
     let headers = spots.map(&raw, header_name).ok_or(Stop::Refuse(
@@ -748,6 +756,26 @@ mod tests {
             complete > 1_000 && refused > 100,
             "{complete} complete, {refused} refused"
         );
+    }
+
+    /// Found by `fuzz::server_h1` against httparse: `http::Uri` drops a fragment silently, so
+    /// `/mcp#x` was routed as `/mcp`. RFC 9112 §3.2 has no fragment in a request target: 400.
+    #[test]
+    fn a_fragment_in_the_target_is_refused() {
+        for target in ["/mcp#x", "/mcp?a=1#", "/#/mcp", "http://gw:1/mcp#x"] {
+            let wire = format!("POST {target} HTTP/1.1\r\ncontent-length: 0\r\n\r\n");
+            let mut buf = BytesMut::from(wire.as_bytes());
+            match parse_head(&mut buf, &mut HeaderSpots::default(), 1024) {
+                Err(Stop::Refuse(status, why)) => {
+                    assert_eq!(status, StatusCode::BAD_REQUEST);
+                    assert_eq!(why, "malformed request target");
+                }
+                _ => panic!("{target} was not refused"),
+            }
+        }
+        let mut buf = BytesMut::from(&b"POST /mcp?a=1 HTTP/1.1\r\n\r\n"[..]);
+        let head = parse_head(&mut buf, &mut HeaderSpots::default(), 1024);
+        assert!(matches!(head, Ok(Some(h)) if h.parts.uri == "/mcp?a=1"));
     }
 
     #[test]

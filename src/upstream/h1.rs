@@ -33,11 +33,11 @@ use super::UpstreamError;
 use crate::error::BodyError;
 
 /// Largest answer head we accept.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Headers per answer head (parsed on the stack).
-const MAX_HEADERS: usize = 64;
-/// Longest chunk-size or trailer line.
-const MAX_LINE_BYTES: usize = 4 * 1024;
+pub(crate) const MAX_HEADERS: usize = 64;
+/// Longest chunk-size or trailer line, its CRLF included.
+pub(crate) const MAX_LINE_BYTES: usize = 4 * 1024;
 /// Bytes taken by the read that does not wait for the reactor (the usual answer fits).
 const SPECULATIVE_READ: usize = 4 * 1024;
 /// Bytes asked of the socket per read.
@@ -372,12 +372,12 @@ pub fn parse_length(v: &[u8]) -> Option<u64> {
 }
 
 /// A parsed answer head.
-struct Head {
-    status: StatusCode,
-    version: Version,
-    headers: HeaderMap,
-    framing: Framing,
-    keep_alive: bool,
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) version: Version,
+    pub(crate) headers: HeaderMap,
+    pub(crate) framing: Framing,
+    pub(crate) keep_alive: bool,
 }
 
 impl Conn {
@@ -431,7 +431,7 @@ impl Conn {
 
 /// Parses one answer head off the front of `buf`, skipping interim (1xx) answers (at most
 /// `MAX_HEAD_BYTES` of them in all, counted in `interim`). `None`: more bytes are needed.
-fn parse_head(
+pub(crate) fn parse_head(
     buf: &mut BytesMut,
     spots: &mut HeaderSpots,
     interim: &mut usize,
@@ -446,6 +446,11 @@ fn parse_head(
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(UpstreamError::Protocol(format!("bad answer head: {e}"))),
         };
+        // Whatever the reads' sizes: a head that came whole in one large read is held to the
+        // limit too, not only one still incomplete (`poll_head`).
+        if len > MAX_HEAD_BYTES {
+            return Err(UpstreamError::Protocol("answer head too large".into()));
+        }
         let code = resp.code.unwrap_or(0);
         // RFC 9110 §15 defines 100–599; `http::StatusCode` accepts up to 999, and relaying a
         // 999 would hand the client a status no client can interpret.
@@ -519,7 +524,16 @@ fn framing(
         match name.len() {
             17 if name_is(name, b"transfer-encoding") => {
                 has_te = true;
-                te_last = Some(h.value);
+                // The final coding is the list's last element, over all field lines; empty
+                // elements do not count (RFC 9110 §5.6.1): `chunked,` ends in chunked.
+                if let Some(last) = h
+                    .value
+                    .rsplit(|&b| b == b',')
+                    .map(<[u8]>::trim_ascii)
+                    .find(|t| !t.is_empty())
+                {
+                    te_last = Some(last);
+                }
             }
             14 if name_is(name, b"content-length") => {
                 has_length = true;
@@ -543,11 +557,7 @@ fn framing(
         return Ok((Framing::Length(0), false, close));
     }
     if has_te {
-        let chunked_last = te_last.is_some_and(|v| {
-            v.rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-        });
+        let chunked_last = te_last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
         return Ok(if chunked_last {
             (Framing::Chunked(Chunk::Size), has_length, close)
         } else {
@@ -572,7 +582,7 @@ pub fn has_token(value: &[u8], token: &[u8]) -> bool {
 }
 
 /// Where the body decoder stands.
-enum Framing {
+pub(crate) enum Framing {
     /// This many body bytes are still to come.
     Length(u64),
     Chunked(Chunk),
@@ -590,7 +600,7 @@ enum Framing {
 
 /// Position inside a chunked body.
 #[derive(Clone, Copy)]
-enum Chunk {
+pub(crate) enum Chunk {
     /// Before a chunk-size line.
     Size,
     /// Inside a chunk's data, this many bytes left.
@@ -603,7 +613,7 @@ enum Chunk {
 }
 
 /// One decoding step over buffered bytes.
-enum Step {
+pub(crate) enum Step {
     Data(Bytes),
     NeedMore,
     Done,
@@ -613,7 +623,7 @@ impl Framing {
     /// Decodes from `buf` without I/O, up to the next data, the end, or the need for more bytes.
     /// With `data: false` it stops before any data (answering `NeedMore`) and only consumes
     /// framing.
-    fn step(&mut self, buf: &mut BytesMut, data: bool) -> Result<Step, H1Error> {
+    pub(crate) fn step(&mut self, buf: &mut BytesMut, data: bool) -> Result<Step, H1Error> {
         let r = self.step_inner(buf, data);
         if r.is_err() {
             *self = Framing::Broken;
@@ -648,10 +658,11 @@ impl Framing {
             Framing::Chunked(state) => loop {
                 match *state {
                     Chunk::Size => {
-                        let Some(line) = take_line(buf)? else {
+                        let Some(lf) = line_end(buf)? else {
                             return Ok(Step::NeedMore);
                         };
-                        let size = chunk_size(&line)?;
+                        let size = chunk_size(&buf[..lf - 1])?;
+                        buf.advance(lf + 1);
                         *state = if size == 0 {
                             Chunk::Trailer(0)
                         } else {
@@ -670,34 +681,33 @@ impl Framing {
                         };
                         return Ok(Step::Data(buf.split_to(take).freeze()));
                     }
-                    Chunk::DataEnd => match buf.first() {
-                        None => return Ok(Step::NeedMore),
-                        Some(b'\n') => {
-                            buf.advance(1);
+                    // The data's CRLF: a bare LF is refused, as in every line of the body.
+                    Chunk::DataEnd => match &buf[..buf.len().min(2)] {
+                        b"\r\n" => {
+                            buf.advance(2);
                             *state = Chunk::Size;
                         }
-                        Some(b'\r') => match buf.get(1) {
-                            None => return Ok(Step::NeedMore),
-                            Some(b'\n') => {
-                                buf.advance(2);
-                                *state = Chunk::Size;
-                            }
-                            Some(_) => return Err(H1Error::Chunked),
-                        },
-                        Some(_) => return Err(H1Error::Chunked),
+                        b"" | b"\r" => return Ok(Step::NeedMore),
+                        _ => return Err(H1Error::Chunked),
                     },
                     Chunk::Trailer(seen) => {
-                        let Some(line) = take_line(buf)? else {
+                        let Some(lf) = line_end(buf)? else {
                             return Ok(Step::NeedMore);
                         };
-                        if line.is_empty() {
+                        if lf == 1 {
+                            buf.advance(2);
                             *self = Framing::Done;
                             return Ok(Step::Done);
                         }
-                        let seen = seen + line.len() + 2;
+                        if !field_line(&buf[..lf - 1]) {
+                            return Err(H1Error::Chunked);
+                        }
+                        // Endless trailers end in an error within a head's worth of bytes.
+                        let seen = seen + lf + 1;
                         if seen > MAX_HEAD_BYTES {
                             return Err(H1Error::Chunked);
                         }
+                        buf.advance(lf + 1);
                         *state = Chunk::Trailer(seen);
                     }
                 }
@@ -706,38 +716,61 @@ impl Framing {
     }
 }
 
-/// Takes one line (without its CR LF) off the front of `buf`; `None` if it is not complete.
-fn take_line(buf: &mut BytesMut) -> Result<Option<BytesMut>, H1Error> {
-    match buf.iter().position(|&b| b == b'\n') {
-        Some(i) => {
-            let mut line = buf.split_to(i + 1);
-            line.truncate(i);
-            if line.last() == Some(&b'\r') {
-                line.truncate(i - 1);
-            }
-            Ok(Some(line))
-        }
-        None if buf.len() > MAX_LINE_BYTES => Err(H1Error::Chunked),
+/// Where the first line of a chunked body's framing ends: the index of its LF, once it is in
+/// `buf`. Every such line ends in CRLF (RFC 9112 §7.1: a bare LF, which §2.2 tolerates only in
+/// the start line and header fields, is where parsers disagree on a line's end) and, CRLF
+/// included, fits in `MAX_LINE_BYTES` — however the bytes arrived.
+fn line_end(buf: &[u8]) -> Result<Option<usize>, H1Error> {
+    let window = &buf[..buf.len().min(MAX_LINE_BYTES)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(lf) if lf > 0 && window[lf - 1] == b'\r' => Ok(Some(lf)),
+        Some(_) => Err(H1Error::Chunked),
+        None if buf.len() >= MAX_LINE_BYTES => Err(H1Error::Chunked),
         None => Ok(None),
     }
 }
 
-/// The hex size at the start of a chunk-size line (extensions after `;` are ignored).
+/// A field octet (RFC 9110 §5.5): anything but a control, HTAB aside. A bare CR is not one.
+fn field_octet(b: u8) -> bool {
+    b == b'\t' || (b >= b' ' && b != 0x7f)
+}
+
+/// The size on a chunk-size line (without its CRLF): 1 to 15 hex digits, then optional SP or
+/// HTAB (not in RFC 9112's grammar, but hyper and httparse read it), then nothing or `;` and
+/// extensions, which are ignored but must be field octets.
 fn chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let digits = line
-        .split(|&b| b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
+    let mut n = 0u64;
+    let mut digits = 0;
+    for &b in line {
+        let Some(v) = (b as char).to_digit(16) else {
+            break;
+        };
+        n = n * 16 + u64::from(v);
+        digits += 1;
+        if digits > 15 {
+            return Err(H1Error::Chunked);
+        }
+    }
+    if digits == 0 {
         return Err(H1Error::Chunked);
     }
-    let mut n = 0u64;
-    for &d in digits {
-        let v = (d as char).to_digit(16).ok_or(H1Error::Chunked)?;
-        n = n * 16 + u64::from(v);
+    let rest = &line[digits..];
+    let blank = rest
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    match rest[blank..].split_first() {
+        None => Ok(n),
+        Some((b';', ext)) if ext.iter().all(|&b| field_octet(b)) => Ok(n),
+        Some(_) => Err(H1Error::Chunked),
     }
-    Ok(n)
+}
+
+/// A trailer field line (without its CRLF): a token, a colon, field octets.
+fn field_line(line: &[u8]) -> bool {
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    let name = line.iter().take_while(|&&b| tchar(b)).count();
+    name > 0 && line.get(name) == Some(&b':') && line[name + 1..].iter().all(|&b| field_octet(b))
 }
 
 /// The body of an answer read by the lean client, relayed frame by frame as it arrives.
@@ -842,8 +875,9 @@ pub fn recycle(pool: &Pool, body: &mut H1Body) {
 mod tests {
     use super::*;
 
-    /// Decodes `wire` (head included) fed in pieces of `step` bytes; returns the head and the
-    /// body bytes, or the first error.
+    /// Decodes `wire` (head included) fed in pieces of `step` bytes, stepping the body as
+    /// `H1Body` does (`settle` after the head and after each data frame, its errors left to the
+    /// next step); returns the head and the body bytes, or the first error.
     fn decode(wire: &[u8], step: usize) -> Result<(Head, Vec<u8>, bool), String> {
         let mut buf = BytesMut::new();
         let mut rest = wire;
@@ -857,7 +891,10 @@ mod tests {
             if let Some(h) = head.as_mut() {
                 loop {
                     match h.framing.step(&mut buf, true).map_err(|e| e.to_string())? {
-                        Step::Data(b) => body.extend_from_slice(&b),
+                        Step::Data(b) => {
+                            body.extend_from_slice(&b);
+                            let _ = h.framing.step(&mut buf, false);
+                        }
                         Step::Done => return Ok((head.unwrap(), body, buf.is_empty())),
                         Step::NeedMore => break,
                     }
