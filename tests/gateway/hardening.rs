@@ -6,6 +6,7 @@
 //!   admission slot and are closed by `body_read_timeout_ms`.
 
 use crate::common::{Gateway, mcp_with, send};
+use crate::upstream_h1::read_request;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -112,29 +113,6 @@ async fn serve_go(mut tcp: TcpStream, executed: Arc<Mutex<Vec<String>>>) {
     }
 }
 
-/// Reads one request (head + Content-Length body); `None` at end of stream.
-async fn read_request(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
-    loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if buf.len() >= end + 4 + len {
-                let body = buf[end + 4..end + 4 + len].to_vec();
-                buf.drain(..end + 4 + len);
-                return Some(body);
-            }
-        }
-        let mut chunk = [0u8; 4096];
-        match tcp.read(&mut chunk).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
 
 fn key_file() -> String {
     let path = std::env::temp_dir().join(format!("portico-hardening-{}", std::process::id()));
