@@ -113,7 +113,6 @@ async fn serve_go(mut tcp: TcpStream, executed: Arc<Mutex<Vec<String>>>) {
     }
 }
 
-
 fn key_file() -> String {
     let path = std::env::temp_dir().join(format!("portico-hardening-{}", std::process::id()));
     std::fs::write(&path, KEY).unwrap();
