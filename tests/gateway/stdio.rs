@@ -631,7 +631,9 @@ mod bridged {
             }
             // The modern path: the server's own cache hints, not the bridge's defaults.
             let l = mcp(&url, json!(2), "tools/list", json!({})).await.json();
-            assert_eq!(l["result"]["ttlMs"], 60000, "{l}");
+            // 60 s less any time the list spent in the cache (a hit carries what remains).
+            let ttl = l["result"]["ttlMs"].as_u64().unwrap_or(0);
+            assert!((55_000..=60_000).contains(&ttl), "{l}");
             assert_eq!(l["result"]["cacheScope"], "public", "{l}");
             gw.stop().await;
         }
