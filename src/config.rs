@@ -394,9 +394,16 @@ pub struct BackendConfig {
     pub env: BTreeMap<String, String>,
     /// Working directory for `command`.
     pub cwd: Option<PathBuf>,
-    /// Deadline for one request, from arrival to the last byte of the answer.
+    /// Deadline for one request, from arrival to the last byte of the answer. For an answer
+    /// streamed as SSE it is an idle limit: it counts from the last JSON-RPC message the
+    /// backend sent (a progress notification restarts it; keep-alive comments do not).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Longest a streamed call may run in all, from the request's arrival, however often the
+    /// backend sends progress. Absent = no bound beyond `timeout_ms` between messages. At least
+    /// `timeout_ms`.
+    #[serde(default)]
+    pub max_call_ms: Option<u64>,
     /// Static headers sent upstream (`${ENV}` expanded). The client's own credentials never are.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -836,6 +843,14 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
         }
         if b.timeout_ms == 0 {
             return Err(invalid(key("timeout_ms"), "must be greater than 0"));
+        }
+        if let Some(max) = b.max_call_ms
+            && max < b.timeout_ms
+        {
+            return Err(invalid(
+                key("max_call_ms"),
+                format!("must be at least timeout_ms ({} ms)", b.timeout_ms),
+            ));
         }
         if b.max_answer_bytes == 0 {
             return Err(invalid(key("max_answer_bytes"), "must be greater than 0"));

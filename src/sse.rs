@@ -135,9 +135,80 @@ impl SseDecoder {
     }
 }
 
+/// Watches relayed SSE bytes for the end of events without holding them: a relay that passes
+/// bytes on untouched still needs to know when a message (not a keep-alive comment) has gone
+/// by, to restart an idle timer. Constant memory, over arbitrary chunk boundaries.
+#[derive(Debug, Clone)]
+pub struct EventEnds {
+    /// The next byte starts a line.
+    line_start: bool,
+    /// The last byte was a CR (a following LF belongs to the same line end).
+    after_cr: bool,
+    /// The event being read has a field line (`data:`, `event:`, `id:`), not only comments.
+    has_field: bool,
+}
+
+impl Default for EventEnds {
+    fn default() -> Self {
+        EventEnds {
+            line_start: true,
+            after_cr: false,
+            has_field: false,
+        }
+    }
+}
+
+impl EventEnds {
+    /// Feeds the next bytes of the stream; `true` when an event with a field ended in them.
+    pub fn feed(&mut self, chunk: &[u8]) -> bool {
+        let mut ended = false;
+        for &b in chunk {
+            let after_cr = std::mem::replace(&mut self.after_cr, false);
+            match b {
+                b'\n' if after_cr => {}
+                b'\r' | b'\n' => {
+                    if self.line_start {
+                        ended |= self.has_field;
+                        self.has_field = false;
+                    }
+                    self.line_start = true;
+                    self.after_cr = b == b'\r';
+                }
+                _ if self.line_start => {
+                    self.line_start = false;
+                    self.has_field |= b != b':';
+                }
+                _ => {}
+            }
+        }
+        ended
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Event ends are found wherever the stream is split; comment-only events do not count.
+    #[test]
+    fn event_ends_over_any_split() {
+        let stream: &[u8] = b": keep-alive\n\nevent: message\r\ndata: {}\r\n\r\n:c\n\ndata: x\n\n";
+        let count = |parts: &[&[u8]]| {
+            let mut e = EventEnds::default();
+            parts.iter().filter(|p| e.feed(p)).count()
+        };
+        assert_eq!(count(&[stream]), 1, "one chunk, two events: one true");
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(count(&bytes), 2, "byte by byte: each event seen once");
+        for split in 1..stream.len() {
+            let (a, b) = stream.split_at(split);
+            let mut e = EventEnds::default();
+            let (x, y) = (e.feed(a), e.feed(b));
+            assert!(x || y, "split at {split}");
+        }
+        let mut e = EventEnds::default();
+        assert!(!e.feed(b": only\n\n: comments\r\n\r\n"));
+    }
 
     fn all(input: &[&[u8]]) -> Vec<String> {
         let mut d = SseDecoder::new(1024);

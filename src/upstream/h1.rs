@@ -803,6 +803,14 @@ impl H1Body {
         self.framing.step(&mut conn.rbuf, false).map(|_| ())
     }
 
+    /// Moves the deadline the rest of this answer is read under (a streamed answer's idle
+    /// clock, `upstream::CallClock`); resetting the connection's one timer costs no allocation.
+    pub fn set_deadline(&mut self, at: Instant) {
+        if let Some(conn) = self.conn.as_mut() {
+            conn.sleep.as_mut().reset(at);
+        }
+    }
+
     pub fn is_end_stream(&self) -> bool {
         matches!(self.framing, Framing::Done | Framing::Failed)
     }

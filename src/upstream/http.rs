@@ -27,12 +27,12 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use super::h1::{self, H1Body};
-use super::{MessageStream, Reply, UpstreamError};
+use super::{CallClock, MessageStream, Reply, UpstreamError};
 use crate::config::BackendConfig;
 use crate::error::{BodyError, GatewayError};
 use crate::protocol::sniff_id;
-use crate::sse::SseDecoder;
 use crate::sse::sse_event;
+use crate::sse::{EventEnds, SseDecoder};
 
 /// A live connection to the backend.
 enum Sender {
@@ -68,8 +68,10 @@ pub struct HttpUpstream {
     tls: Option<Tls>,
     /// Configured static headers, already validated; applied after the forwarded ones.
     static_headers: Vec<(HeaderName, HeaderValue)>,
-    /// Deadline for one exchange.
+    /// Deadline for one exchange; for an SSE answer, the longest silence between messages.
     pub timeout: Duration,
+    /// Longest a streamed answer may run in all (`max_call_ms`).
+    pub max_call: Option<Duration>,
     /// Largest answer held on the message path: a JSON body, or one SSE event
     /// (`max_answer_bytes`).
     pub max_answer: usize,
@@ -173,6 +175,7 @@ impl HttpUpstream {
             tls,
             static_headers,
             timeout: Duration::from_millis(cfg.timeout_ms),
+            max_call: cfg.max_call_ms.map(Duration::from_millis),
             max_answer: cfg.max_answer_bytes.max(1),
             idle: ArrayQueue::new(cfg.max_idle_connections.max(1)),
             lean: h1::Pool::new(cfg.max_idle_connections),
@@ -387,7 +390,8 @@ impl HttpUpstream {
     }
 
     /// Pass-through: wraps the upstream answer so it streams to the client untouched, returns
-    /// the connection to the pool at its end, and enforces the deadline.
+    /// the connection to the pool at its end, and enforces the deadline — for an SSE answer,
+    /// moved on by each event the backend sends ([`CallClock`]).
     pub fn relay(
         self: &Arc<Self>,
         ex: Exchange,
@@ -403,6 +407,12 @@ impl HttpUpstream {
             deadline,
             sleep: None,
             on_break: sse.then_some(request_body),
+            clock: sse.then(|| {
+                (
+                    CallClock::new(deadline, self.timeout, self.max_call),
+                    EventEnds::default(),
+                )
+            }),
             at_boundary: true,
             unclocked: 0,
             done: false,
@@ -630,6 +640,8 @@ pub struct RelayBody {
     /// stream breaks or times out (a 200 has been sent, so only an in-stream error can tell the
     /// client).
     on_break: Option<Bytes>,
+    /// For SSE answers: the call's clock and the event boundaries that move it.
+    clock: Option<(CallClock, EventEnds)>,
     /// For SSE answers: the bytes relayed so far end an event (or none were relayed). An error
     /// event appended to half an event would merge into it, so a break mid-event aborts instead.
     at_boundary: bool,
@@ -677,7 +689,30 @@ impl RelayBody {
 
     fn timed_out(&mut self, err: BodyError) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let ms = self.upstream.timeout.as_millis();
-        self.fail(&format!("did not finish within {ms} ms"), err)
+        let why = match &self.clock {
+            Some((clock, _)) if clock.past_hard() => format!(
+                "did not finish within max_call_ms ({} ms)",
+                self.upstream.max_call.unwrap_or_default().as_millis()
+            ),
+            Some(_) => format!("sent no message for {ms} ms"),
+            None => format!("did not finish within {ms} ms"),
+        };
+        self.fail(&why, err)
+    }
+
+    /// A message went by on an SSE answer: the deadline moves on (never past the hard bound).
+    fn message_seen(&mut self) {
+        let Some((clock, _)) = &self.clock else {
+            return;
+        };
+        let next = clock.after_message();
+        self.deadline = next;
+        if let UpBody::H1(b) = &mut self.inner {
+            b.set_deadline(next);
+        }
+        if let Some(sleep) = &mut self.sleep {
+            sleep.as_mut().reset(next);
+        }
     }
 }
 
@@ -713,6 +748,11 @@ impl http_body::Body for RelayBody {
                     }
                     if this.on_break.is_some() && !data.is_empty() {
                         this.at_boundary = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+                    }
+                    if let Some((_, ends)) = &mut this.clock
+                        && ends.feed(data)
+                    {
+                        this.message_seen();
                     }
                 }
                 if this.inner.is_end_stream() {

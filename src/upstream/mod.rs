@@ -170,6 +170,45 @@ pub struct Outgoing<'a> {
     pub deadline: Instant,
 }
 
+/// The clock of one streamed answer (README "Configuration reference", `timeout_ms` and
+/// `max_call_ms`): the first message is due by the request's deadline; after each JSON-RPC
+/// message the backend sends (a progress notification, a log line) the next is due `idle`
+/// later, never past `hard`, the request's arrival plus `max_call_ms`. So a long call that
+/// keeps reporting progress runs to its end, a silent one is cut `idle` after its last word,
+/// and none outlives `max_call_ms`. Keep-alive comments are not messages and move nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct CallClock {
+    idle: std::time::Duration,
+    hard: Option<Instant>,
+}
+
+impl CallClock {
+    /// For a request whose `deadline` is its arrival plus `idle` (every deadline a backend's
+    /// request gets is; a shorter one only starts the hard bound earlier).
+    pub fn new(
+        deadline: Instant,
+        idle: std::time::Duration,
+        max_call: Option<std::time::Duration>,
+    ) -> CallClock {
+        let arrival = deadline.checked_sub(idle).unwrap_or(deadline);
+        CallClock {
+            idle,
+            hard: max_call.map(|m| (arrival + m).max(deadline)),
+        }
+    }
+
+    /// The deadline once a message has just arrived.
+    pub fn after_message(&self) -> Instant {
+        let next = Instant::now() + self.idle;
+        self.hard.map_or(next, |h| next.min(h))
+    }
+
+    /// Whether the call has reached its hard bound (`max_call_ms`), as opposed to an idle gap.
+    pub fn past_hard(&self) -> bool {
+        self.hard.is_some_and(|h| Instant::now() >= h)
+    }
+}
+
 /// A backend's own warnings about what it sent (garbage lines, unknown ids), at most
 /// [`WARNINGS_PER_WINDOW`] per [`WARNING_WINDOW`]; the rest are counted and reported as one
 /// "suppressed N" line when the next window opens (or the budget is dropped). A broken backend

@@ -40,7 +40,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 use tracing::{debug, info, warn};
 
-use super::{MessageStream, Reply, UpstreamError};
+use super::{CallClock, MessageStream, Reply, UpstreamError};
 use crate::config::BackendConfig;
 use crate::protocol::{code, first_byte, status_for_code};
 
@@ -110,6 +110,10 @@ pub struct StdioUpstream {
     notes: broadcast::Sender<Bytes>,
     /// Source of gateway ids (never reused, so never ambiguous on the pipe).
     next_id: AtomicU64,
+    /// `timeout_ms`: after the first message, the longest silence between two of a request's
+    /// messages; and `max_call_ms` ([`CallClock`]).
+    timeout: Duration,
+    max_call: Option<Duration>,
 }
 
 impl StdioUpstream {
@@ -143,6 +147,8 @@ impl StdioUpstream {
             status,
             notes,
             next_id: AtomicU64::new(1),
+            timeout: Duration::from_millis(cfg.timeout_ms),
+            max_call: cfg.max_call_ms.map(Duration::from_millis),
         }
     }
 
@@ -150,7 +156,8 @@ impl StdioUpstream {
     /// when the response came first, else `Many` (progress and other notifications for this
     /// request with the caller's token restored, then the response). The status mirrors a
     /// JSON-RPC error code the way modern HTTP servers do (`status_for_code`). A notification
-    /// answers 202 `Empty`. Nothing by `deadline` → `Timeout`, and the request is cancelled.
+    /// answers 202 `Empty`. Nothing by `deadline` → `Timeout`, and the request is cancelled;
+    /// each message about the request moves the deadline on ([`CallClock`]).
     pub async fn call(&self, body: Bytes, deadline: Instant) -> Result<Reply, UpstreamError> {
         self.call_with(body, deadline, CallOptions::default()).await
     }
@@ -201,6 +208,7 @@ impl StdioUpstream {
         let mut answer = Answer {
             rx,
             deadline,
+            clock: CallClock::new(deadline, self.timeout, self.max_call),
             guard: CancelGuard {
                 gid,
                 cmd: cancellable.then(|| self.cmd.clone()),
@@ -330,7 +338,9 @@ type Outcome = Result<Event, UpstreamError>;
 
 struct Answer {
     rx: mpsc::Receiver<Outcome>,
+    /// When the next message is due: the request's deadline, then moved on by each message.
     deadline: Instant,
+    clock: CallClock,
     guard: CancelGuard,
 }
 
@@ -346,7 +356,10 @@ impl Answer {
                 self.guard.cmd = None;
                 Err(stopped())
             }
-            Ok(Some(Ok(Event::Note(b)))) => Ok(Event::Note(b)),
+            Ok(Some(Ok(Event::Note(b)))) => {
+                self.deadline = self.clock.after_message();
+                Ok(Event::Note(b))
+            }
             Ok(Some(done)) => {
                 // Answered or failed: the actor has forgotten the request, nothing to cancel.
                 self.guard.cmd = None;

@@ -6,6 +6,7 @@
 mod admission;
 mod aggregate;
 mod cache;
+mod calls;
 mod cli;
 mod common;
 mod core;

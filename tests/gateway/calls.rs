@@ -1,0 +1,192 @@
+//! How portico carries one call to a backend of either era (issue 20, items 5–8): long calls
+//! timed from the backend's last message and bounded by `max_call_ms`; each request reaching a
+//! legacy backend exactly once, whatever its error says; methods 2026-07-28 removed never
+//! forwarded; `Mcp-Param-*` headers built when portico writes the 2026-07-28 request itself.
+//! Every route kind: pass-through, aggregated, bridged HTTP, bridged and modern stdio.
+
+use crate::common::mock::MockMcp;
+use crate::common::*;
+use futures_util::future::join_all;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+pub const STDIO_MOCK: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/gateway/fixtures/stdio_mock.py"
+);
+
+/// A `[[backends]]` table for the stdio mock (`--legacy` or `--modern`).
+pub fn stdio_backend(name: &str, mode: &str, extra: &str) -> String {
+    let protocol = if mode == "--legacy" {
+        "legacy"
+    } else {
+        "modern"
+    };
+    format!(
+        "[[backends]]\nname = \"{name}\"\ncommand = [\"python3\", \"{STDIO_MOCK}\", \"{mode}\"]\n\
+         protocol = \"{protocol}\"\n{extra}\n"
+    )
+}
+
+/// A `[[backends]]` table for an HTTP backend.
+pub fn http_backend(name: &str, url: &str, protocol: &str, extra: &str) -> String {
+    format!(
+        "[[backends]]\nname = \"{name}\"\nurl = \"{url}\"\nprotocol = \"{protocol}\"\n{extra}\n"
+    )
+}
+
+/// `tools/call` of the mocks' `progress` tool with a progress token: one notification every
+/// `delay_ms`, `steps` of them, then the result.
+fn progress_call(steps: u64, delay_ms: u64) -> Value {
+    json!({"name":"progress","arguments":{"steps":steps,"delay_ms":delay_ms},
+           "_meta":{"progressToken":"tok"}})
+}
+
+/// The messages of an answer (JSON or SSE).
+fn messages(r: &Resp) -> Vec<Value> {
+    if r.is_sse() {
+        r.messages()
+    } else {
+        vec![r.json()]
+    }
+}
+
+/// Routes of every kind to a backend that answers `progress` and `slow`: a modern HTTP backend
+/// passed through and behind an aggregated endpoint, a legacy HTTP backend (bridged), and the
+/// stdio mock in both eras.
+struct Routes {
+    gw: Gateway,
+    _modern: crate::common::mock::MockHandle,
+    _legacy: crate::common::mock::MockHandle,
+}
+
+const ROUTES: [&str; 5] = ["/mcp/m", "/mcp/agg", "/mcp/l", "/mcp/sl", "/mcp/sm"];
+
+async fn routes(extra: &str) -> Routes {
+    let modern = MockMcp::modern().start().await;
+    let legacy = MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}{}{}{}[[endpoints]]\npath = \"/mcp/agg\"\nbackends = [{{ name = \"m\", prefix = \"\" }}]\n",
+        http_backend("m", &modern.url(), "modern", extra),
+        http_backend("l", &legacy.url(), "legacy", extra),
+        stdio_backend("sl", "--legacy", extra),
+        stdio_backend("sm", "--modern", extra),
+    ))
+    .await;
+    Routes {
+        gw,
+        _modern: modern,
+        _legacy: legacy,
+    }
+}
+
+/// A call that runs 9× `timeout_ms` while reporting progress every `timeout_ms / 2` completes
+/// on every route kind: the timeout counts from the backend's last message, not the request.
+#[tokio::test]
+async fn progress_keeps_a_long_call_alive_on_every_route() {
+    let r = routes("timeout_ms = 400\n").await;
+    let calls = ROUTES.iter().map(|path| {
+        let url = r.gw.url(path);
+        async move {
+            let started = Instant::now();
+            let resp = mcp(&url, json!(1), "tools/call", progress_call(18, 200)).await;
+            (path, started.elapsed(), resp)
+        }
+    });
+    for (path, took, resp) in join_all(calls).await {
+        assert_eq!(resp.status, 200, "{path}: {:?}", resp.body);
+        let msgs = messages(&resp);
+        let last = msgs.last().expect("a response");
+        assert_eq!(
+            last["result"]["content"][0]["text"], "done 18",
+            "{path}: {last}"
+        );
+        let progress = msgs
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .count();
+        assert_eq!(progress, 18, "{path}: every progress notification relayed");
+        assert!(took >= Duration::from_millis(3600), "{path}: {took:?}");
+    }
+    r.gw.stop().await;
+}
+
+/// A silent call ends with a JSON-RPC error at `timeout_ms` (within a tolerance), whether the
+/// backend says nothing at all or only sends SSE keep-alive comments, which are not messages.
+#[tokio::test]
+async fn a_silent_call_ends_at_timeout_ms() {
+    let r = routes("timeout_ms = 400\n").await;
+    // The same modern mock answering in SSE: `slow` then sends `: keepalive` every 20 ms.
+    let chatty = MockMcp::modern().sse().start().await;
+    let gw2 = Gateway::start(&format!(
+        "[log]\naccess = false\n{}",
+        http_backend("k", &chatty.url(), "modern", "timeout_ms = 400\n")
+    ))
+    .await;
+    let mut urls: Vec<String> = ROUTES.iter().map(|p| r.gw.url(p)).collect();
+    urls.push(gw2.url("/mcp/k"));
+    let calls = urls.iter().map(|url| async move {
+        let started = Instant::now();
+        let args = json!({"name":"slow","arguments":{"ms":3000}});
+        let resp = mcp(url, json!(7), "tools/call", args).await;
+        (url, started.elapsed(), resp)
+    });
+    for (url, took, resp) in join_all(calls).await {
+        let msgs = messages(&resp);
+        let last = msgs.last().expect("an answer");
+        assert!(last.get("error").is_some(), "{url}: {last}");
+        assert!(last.get("result").is_none(), "{url}: {last}");
+        assert_eq!(last["id"], 7, "{url}: {last}");
+        assert!(
+            took >= Duration::from_millis(390) && took < Duration::from_millis(1400),
+            "{url}: cut after {took:?}, want ~400 ms"
+        );
+        if !resp.is_sse() {
+            assert_eq!(resp.status, 504, "{url}: {:?}", resp.body);
+        }
+    }
+    r.gw.stop().await;
+    gw2.stop().await;
+}
+
+/// `max_call_ms` bounds a call however often it reports progress: cut with a JSON-RPC error
+/// event once it has run that long.
+#[tokio::test]
+async fn max_call_ms_cuts_a_call_that_keeps_reporting() {
+    let r = routes("timeout_ms = 400\nmax_call_ms = 1200\n").await;
+    let calls = ROUTES.iter().map(|path| {
+        let url = r.gw.url(path);
+        async move {
+            let started = Instant::now();
+            let resp = mcp(&url, json!(2), "tools/call", progress_call(30, 150)).await;
+            (path, started.elapsed(), resp)
+        }
+    });
+    for (path, took, resp) in join_all(calls).await {
+        let msgs = messages(&resp);
+        let last = msgs.last().expect("an answer");
+        assert!(last.get("error").is_some(), "{path}: {last}");
+        assert_eq!(last["id"], 2, "{path}: {last}");
+        assert!(
+            msgs.iter().any(|m| m["method"] == "notifications/progress"),
+            "{path}: progress went through before the cut"
+        );
+        assert!(
+            took >= Duration::from_millis(1150) && took < Duration::from_millis(2200),
+            "{path}: cut after {took:?}, want ~1200 ms"
+        );
+    }
+    r.gw.stop().await;
+}
+
+#[test]
+fn max_call_ms_is_validated() {
+    let bad = portico::config::validate(
+        portico::config::parse(
+            "[[backends]]\nname = \"d\"\nbuiltin = \"demo\"\ntimeout_ms = 1000\nmax_call_ms = 500\n",
+        )
+        .unwrap(),
+    )
+    .unwrap_err();
+    assert!(bad.to_string().contains("max_call_ms"), "{bad}");
+}
