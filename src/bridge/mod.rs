@@ -13,8 +13,9 @@
 //! - **One upstream session per backend**: portico runs `initialize` once, keeps the session id,
 //!   and multiplexes every client request over it, rewriting JSON-RPC ids and progress tokens so
 //!   requests from different clients never collide inside the session (legacy ids must be unique
-//!   within a session; clients all start at 1). A lost session (404) is re-initialized and the
-//!   request retried once.
+//!   within a session; clients all start at 1). A lost session (HTTP 404 to a request carrying
+//!   the session id, not answering it) is re-initialized and the request retried once; no
+//!   error code or message text ever causes a resend ([`session_lost`]).
 //! - **stdio**: the session is the child process. Every bridged call is pinned to the child
 //!   generation the session was initialized on; a call that meets a restarted child is refused
 //!   by the transport before it is written (`UpstreamError::Restarted`), so portico
@@ -132,18 +133,34 @@ async fn discover(b: &Backend, id: &RequestId, deadline: Instant) -> Result<Brid
     Ok(Bridged::Answer(Reply::one(StatusCode::OK, msg.to_string())))
 }
 
-/// Whether an HTTP answer means the upstream session is gone.
-fn session_lost(status: StatusCode, messages: &MessageStream) -> bool {
-    if status == StatusCode::NOT_FOUND {
-        return true;
-    }
-    if status == StatusCode::BAD_REQUEST
-        && let MessageStream::One(m) = messages
+/// Whether the backend said that the upstream session `s` has ended, so the request was not
+/// handled and may be resent after a new `initialize` (docs/protocol.md §5). Only one signal
+/// counts: HTTP 404 to a request that carried the session's `Mcp-Session-Id`, and the answer is
+/// not a response to that request (the SDKs answer an unknown session with `id: null`; a server
+/// that answered *our* id handled the request in the session, e.g. a `-32601` mapped to 404).
+/// Never an error code or the words of an error message: a request that reached the server is
+/// never sent twice. Over stdio the session ends only with the child (`UpstreamError::Restarted`).
+fn session_lost(
+    b: &Backend,
+    s: &LegacySession,
+    upstream_id: u64,
+    status: StatusCode,
+    messages: &MessageStream,
+) -> bool {
+    if !matches!(b.upstream, Upstream::Http(_)) || s.id.is_none() || status != StatusCode::NOT_FOUND
     {
-        let text = String::from_utf8_lossy(m).to_ascii_lowercase();
-        return text.contains("session") || text.contains("not initialized");
+        return false;
     }
-    false
+    let answers_us = |m: &Bytes| {
+        serde_json::from_slice::<serde_json::Value>(m)
+            .is_ok_and(|v| v.get("id") == Some(&json!(upstream_id)))
+    };
+    match messages {
+        MessageStream::One(m) => !answers_us(m),
+        // A streamed answer is never a session refusal.
+        MessageStream::Many(_) => false,
+        MessageStream::Empty => true,
+    }
 }
 
 /// Sends one 2026 request to a legacy backend and returns the translated answer, or
@@ -211,7 +228,7 @@ pub async fn call(
             }
             Err(e) => return Err(upstream_err(b, &e)),
         };
-        if session_lost(reply.status, &reply.messages) && attempt == 0 {
+        if attempt == 0 && session_lost(b, &s, upstream_id, reply.status, &reply.messages) {
             guard.armed = false;
             tracing::info!(backend = %b.name, "legacy session lost; re-initializing");
             forget_session(b, &s);

@@ -190,3 +190,82 @@ fn max_call_ms_is_validated() {
     .unwrap_err();
     assert!(bad.to_string().contains("max_call_ms"), "{bad}");
 }
+
+/// The stdio mock's request counts (its `counts` tool), through `url`.
+async fn stdio_counts(url: &str) -> Value {
+    let r = mcp(
+        url,
+        json!("counts"),
+        "tools/call",
+        json!({"name":"counts","arguments":{}}),
+    )
+    .await;
+    r.json()["result"]["structuredContent"]["counts"].clone()
+}
+
+/// Each request reaches a legacy backend exactly once, whatever its answer says: `-32601`
+/// (which HTTP servers send with 404, and stdio answers are mirrored to) or an error whose
+/// words mention a session never make portico re-initialize and resend — on its own URL and
+/// through an aggregated endpoint. The one real signal, a 404 refusing the session, still
+/// re-initializes and resends once.
+#[tokio::test]
+async fn legacy_backends_receive_each_request_once() {
+    let legacy = MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}{}[[endpoints]]\npath = \"/mcp/agg\"\n\
+         backends = [{{ name = \"l\", prefix = \"h\" }}, {{ name = \"sl\", prefix = \"s\" }}]\n",
+        http_backend("l", &legacy.url(), "legacy", ""),
+        stdio_backend("sl", "--legacy", ""),
+    ))
+    .await;
+    let complete =
+        json!({"ref":{"type":"ref/prompt","name":"greet"},"argument":{"name":"n","value":"v"}});
+    let session_error = json!({"name":"session_error","arguments":{}});
+    for path in ["/mcp/l", "/mcp/sl"] {
+        let url = gw.url(path);
+        let r = mcp(&url, json!(1), "completion/complete", complete.clone()).await;
+        assert_eq!(r.code(), -32601, "{path}: {:?}", r.body);
+        let r = mcp(&url, json!(2), "tools/call", session_error.clone()).await;
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(message.contains("session"), "{path}: {:?}", r.body);
+        let r = mcp(&url, json!(3), "prompts/list", json!({})).await;
+        assert_eq!(r.status, if path == "/mcp/l" { 200 } else { 404 }, "{path}");
+    }
+    // Aggregated: the stdio member answers prompts/list -32601 (it has none).
+    let r = mcp(&gw.url("/mcp/agg"), json!(4), "prompts/list", json!({})).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(legacy.count("completion/complete"), 1);
+    assert_eq!(legacy.count("tools/call"), 1);
+    assert_eq!(legacy.count("prompts/list"), 2);
+    assert_eq!(legacy.count("initialize"), 1, "one session, never re-made");
+    let counts = stdio_counts(&gw.url("/mcp/sl")).await;
+    assert_eq!(counts["completion/complete"], 1, "{counts}");
+    assert_eq!(counts["tools/call:session_error"], 1, "{counts}");
+    assert_eq!(counts["prompts/list"], 2, "{counts}");
+    assert_eq!(counts["initialize"], 1, "{counts}");
+    // The backend forgot the session: its 404 (no answer to the request) is the signal.
+    legacy.drop_sessions();
+    let r = mcp(
+        &gw.url("/mcp/l"),
+        json!(5),
+        "tools/call",
+        json!({"name":"echo","arguments":{"text":"again"}}),
+    )
+    .await;
+    assert_eq!(
+        r.json()["result"]["content"][0]["text"],
+        "again",
+        "{:?}",
+        r.body
+    );
+    assert_eq!(legacy.count("initialize"), 2, "re-initialized once");
+    assert_eq!(
+        legacy.count("tools/call"),
+        3,
+        "the refused attempt and the resend"
+    );
+    gw.stop().await;
+}

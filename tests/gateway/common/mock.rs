@@ -53,6 +53,9 @@ struct Opts {
     list_changed: bool,
     /// Tools per `tools/list` page (`None` = all on one page).
     page_size: Option<usize>,
+    /// Lists `regional`, whose arguments carry `x-mcp-header`, and (modern) refuses a call
+    /// whose `Mcp-Param-*` headers do not mirror them with `-32020`, as a strict server must.
+    header_tools: bool,
 }
 
 /// Builder for a mock backend.
@@ -121,6 +124,7 @@ impl MockMcp {
                 list_delay: Duration::ZERO,
                 list_changed: false,
                 page_size: None,
+                header_tools: false,
             },
         }
     }
@@ -134,6 +138,12 @@ impl MockMcp {
     /// Answer requests as SSE streams instead of JSON.
     pub fn sse(mut self) -> Self {
         self.opts.sse = true;
+        self
+    }
+
+    /// Adds the `regional` tool (`x-mcp-header` arguments) and checks its headers.
+    pub fn header_tools(mut self) -> Self {
+        self.opts.header_tools = true;
         self
     }
 
@@ -438,6 +448,11 @@ async fn modern(
             );
         }
     }
+    if method == "tools/call"
+        && let Some(why) = param_mismatch(&state, &body["params"], &parts.headers)
+    {
+        return json_resp(StatusCode::BAD_REQUEST, &err(&id, -32020, &why));
+    }
     let meta = &body["params"]["_meta"];
     let pv = meta["io.modelcontextprotocol/protocolVersion"].as_str();
     if pv.is_none()
@@ -466,6 +481,51 @@ fn cache_fields(opts: &Opts, mut v: Value) -> Value {
     v
 }
 
+/// The `regional` tool: `region` (string), `priority` (integer) and `urgent` (boolean) are
+/// mirrored in `Mcp-Param-Region`, `-Priority`, `-Urgent`; `note` is not.
+fn regional_tool() -> Value {
+    json!({"name":"regional","inputSchema":{"type":"object","properties":{
+        "region":{"type":"string","x-mcp-header":"Region"},
+        "priority":{"type":"integer","x-mcp-header":"Priority"},
+        "urgent":{"type":"boolean","x-mcp-header":"Urgent"},
+        "note":{"type":"string"}}}})
+}
+
+/// What a strict 2026-07-28 server checks of a `tools/call` of a tool with `x-mcp-header`
+/// arguments: each present argument has its header, with the same value (decoded), and no
+/// header without its argument. `Some(why)` when it must refuse with `-32020`.
+fn param_mismatch(state: &MockState, params: &Value, headers: &HeaderMap) -> Option<String> {
+    if !state.opts.lock().unwrap().header_tools || params["name"] != "regional" {
+        return None;
+    }
+    for (arg, header) in [
+        ("region", "Region"),
+        ("priority", "Priority"),
+        ("urgent", "Urgent"),
+    ] {
+        let want = match &params["arguments"][arg] {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            v @ (Value::Number(_) | Value::Bool(_)) => Some(v.to_string()),
+            _ => return Some(format!("{arg}: bad type")),
+        };
+        let got = headers
+            .get(format!("mcp-param-{header}"))
+            .map(|v| portico::protocol::decode_header_value(v.as_bytes()).map(|c| c.into_owned()));
+        let got = match got {
+            None => None,
+            Some(Some(v)) => Some(v),
+            Some(None) => return Some(format!("Mcp-Param-{header} is not a valid value")),
+        };
+        if want != got {
+            return Some(format!(
+                "Mcp-Param-{header} header {got:?} does not match argument {want:?}"
+            ));
+        }
+    }
+    None
+}
+
 fn tools(state: &MockState) -> Value {
     let mut tools = vec![
         json!({"name":"echo","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}}),
@@ -475,6 +535,9 @@ fn tools(state: &MockState) -> Value {
         json!({"name":"whoami","inputSchema":{"type":"object"}}),
         json!({"name":"ask","inputSchema":{"type":"object"}}),
     ];
+    if state.opts.lock().unwrap().header_tools {
+        tools.push(regional_tool());
+    }
     for t in state.extra_tools.lock().unwrap().iter() {
         tools.push(json!({"name": t, "inputSchema":{"type":"object"}}));
     }
@@ -579,6 +642,19 @@ async fn answer(
                         .unwrap_or("none")
                         .to_string(),
                 ),
+                "regional" => text(format!(
+                    "{} {} {}",
+                    args["region"].as_str().unwrap_or("-"),
+                    args["priority"],
+                    args["urgent"]
+                )),
+                // An error whose words mention a session (the legacy session is fine).
+                "session_error" => {
+                    return json_resp(
+                        StatusCode::BAD_REQUEST,
+                        &err(&id, -32000, "Bad Request: No valid session ID provided"),
+                    );
+                }
                 "progress" | "slow" | "ask" => {
                     return streaming(state, opts, name, body.clone(), modern).await;
                 }
