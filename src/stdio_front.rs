@@ -13,7 +13,11 @@
 //!   life of the process: the session id the pipeline mints is kept here and sent (with the
 //!   negotiated `MCP-Protocol-Version`) on every later line. Before that, lines are 2026-07-28
 //!   requests, served statelessly; their mirrored headers are copied from the body, so the
-//!   pipeline's `_meta` checks decide, not this module.
+//!   pipeline's `_meta` checks decide, not this module. An `initialize` whose `_meta` names
+//!   2026-07-28 is such a request (refused as removed, `-32601`), not the start of a session.
+//! - **`Mcp-Param-*`.** A 2026-07-28 `tools/call` line is marked [`frontend::BuiltByPortico`]:
+//!   the pipeline then takes the message path, where the per-backend step adds the headers a
+//!   Streamable HTTP client would have built from the tool's `inputSchema`.
 //! - **Concurrency.** One task per request line, answered in any order; one writer task owns
 //!   stdout so lines never interleave. `initialize` runs inline, so the session exists before
 //!   its answer is written and before the client can send anything that needs it.
@@ -393,7 +397,7 @@ impl LineCtx<'_> {
         }
         let answers = env.kind == Kind::Request;
         let id = env.id.clone();
-        if answers && env.method == "initialize" {
+        if answers && starts_session(&env) {
             // Inline: the session must exist before the answer reaches the client.
             let req = request(self.path, &env, body, None, self.caller);
             let resp = crate::proxy::handle(self.state.clone(), req).await;
@@ -453,6 +457,13 @@ impl LineCtx<'_> {
     }
 }
 
+/// Whether a line starts a legacy session: `initialize`, unless its `_meta` names a 2026-07-28
+/// revision — then it is a 2026-07-28 request like any other, and the pipeline refuses it as
+/// removed (docs/protocol.md §2), as it would on HTTP.
+fn starts_session(env: &protocol::Envelope) -> bool {
+    env.method == "initialize" && env.protocol_version.is_none()
+}
+
 /// The in-process request a Streamable HTTP client would have sent for this message.
 fn request(
     path: &str,
@@ -477,7 +488,7 @@ fn request(
             headers.insert(version, s.version.clone());
         }
         // `initialize` goes without a version header, as on HTTP.
-        None if env.method == "initialize" => {}
+        None if starts_session(env) => {}
         None => {
             // Mirror the body; a body that lies or lacks `_meta` is the pipeline's to refuse.
             let v = env.protocol_version.as_deref().unwrap_or(LATEST_VERSION);

@@ -269,3 +269,92 @@ async fn legacy_backends_receive_each_request_once() {
     );
     gw.stop().await;
 }
+
+/// Methods 2026-07-28 removed, as a 2026-07-28 client would send them.
+const REMOVED: [&str; 6] = [
+    "ping",
+    "initialize",
+    "notifications/initialized",
+    "logging/setLevel",
+    "resources/subscribe",
+    "resources/unsubscribe",
+];
+
+/// A 2026-07-28 POST of `method` (a notification when it is one) with a stray session id.
+async fn removed(url: &str, method: &str) -> Resp {
+    let mut body: Value = serde_json::from_str(&modern_body(
+        json!(1),
+        method,
+        json!({"uri": "x://y", "level": "info"}),
+    ))
+    .unwrap();
+    if method.starts_with("notifications/") {
+        body.as_object_mut().unwrap().remove("id");
+    }
+    let mut h = modern_headers(method, None);
+    h.push(("mcp-session-id", "stray"));
+    send("POST", url, &h, body.to_string()).await
+}
+
+/// From a 2026-07-28 client, every removed method is answered 404 `-32601` by portico on every
+/// URL kind — HTTP and stdio backends of both eras, aggregated endpoints over each — and the
+/// backends' own counters show none of them arrived. A stray `Mcp-Session-Id` on a 2026-07-28
+/// request is ignored everywhere (`portico stdio`: `stdio_front::removed_methods_are_refused`).
+#[tokio::test]
+async fn removed_methods_never_reach_any_backend() {
+    let modern = MockMcp::modern().start().await;
+    let legacy = MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}{}{}{}\
+         [[endpoints]]\npath = \"/mcp/http\"\nbackends = [\"m\", \"l\"]\n\
+         [[endpoints]]\npath = \"/mcp/stdio\"\nbackends = [\"sm\", \"sl\"]\n",
+        http_backend("m", &modern.url(), "modern", ""),
+        http_backend("l", &legacy.url(), "legacy", ""),
+        stdio_backend("sl", "--legacy", ""),
+        stdio_backend("sm", "--modern", ""),
+    ))
+    .await;
+    let paths = [
+        "/mcp/m",
+        "/mcp/l",
+        "/mcp/sm",
+        "/mcp/sl",
+        "/mcp/http",
+        "/mcp/stdio",
+    ];
+    for path in paths {
+        for method in REMOVED {
+            let r = removed(&gw.url(path), method).await;
+            assert_eq!(r.status, 404, "{path} {method}: {:?}", r.body);
+            assert_eq!(r.code(), -32601, "{path} {method}");
+        }
+        // The stray session id changes nothing for a method that exists.
+        let mut h = modern_headers("tools/list", None);
+        h.push(("mcp-session-id", "stray"));
+        let body = modern_body(json!(2), "tools/list", json!({}));
+        let r = send("POST", &gw.url(path), &h, body).await;
+        assert_eq!(r.status, 200, "{path}: {:?}", r.body);
+        assert!(r.json()["result"]["tools"].is_array(), "{path}");
+    }
+    for method in REMOVED {
+        assert_eq!(modern.count(method), 0, "{method} reached the modern mock");
+        // The legacy mock's session was made by portico's bridge for tools/list; nothing of
+        // the client's removed methods went with it.
+        let bridge_own = u64::from(method == "initialize" || method == "notifications/initialized");
+        assert_eq!(
+            legacy.count(method),
+            bridge_own,
+            "{method} reached the legacy mock"
+        );
+    }
+    for (path, bridged) in [("/mcp/sm", false), ("/mcp/sl", true)] {
+        let counts = stdio_counts(&gw.url(path)).await;
+        for method in REMOVED {
+            let bridge_own =
+                bridged && (method == "initialize" || method == "notifications/initialized");
+            let want = if bridge_own { json!(1) } else { Value::Null };
+            assert_eq!(counts[method], want, "{path} {method}: {counts}");
+        }
+    }
+    gw.stop().await;
+}

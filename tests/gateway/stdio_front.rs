@@ -617,3 +617,60 @@ async fn an_answer_stream_that_ends_without_a_response_becomes_an_error_line() {
     server.abort();
     let _ = std::fs::remove_file(&cfg);
 }
+
+/// `portico stdio` in front of a 2026-07-28 and an initialize-era backend: each method
+/// 2026-07-28 removed, sent as a 2026-07-28 line (an `initialize` included: its `_meta` names
+/// the revision, so it starts no session), is answered `-32601` (notifications: nothing), and
+/// the backend's counter shows it never arrived; the process keeps serving.
+#[tokio::test]
+async fn removed_methods_are_refused() {
+    let modern = MockMcp::modern().start().await;
+    let legacy = MockMcp::legacy().start().await;
+    let removed = [
+        "ping",
+        "initialize",
+        "notifications/initialized",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+    ];
+    for mock in [&modern, &legacy] {
+        let mut p = StdioProc::spawn(&["--url", &mock.url()]);
+        for (i, method) in removed.iter().enumerate() {
+            let params = json!({"uri": "x://y", "level": "info"});
+            if method.starts_with("notifications/") {
+                let mut v: Value =
+                    serde_json::from_str(&modern_body(json!(0), method, params)).unwrap();
+                v.as_object_mut().unwrap().remove("id");
+                p.send(&v.to_string()).await;
+                continue;
+            }
+            p.request(json!(i), method, params).await;
+            let answer = p.answer(json!(i)).await;
+            assert_eq!(answer["error"]["code"], -32601, "{method}: {answer}");
+        }
+        p.request(json!("list"), "tools/list", json!({})).await;
+        let answer = p.answer(json!("list")).await;
+        assert!(answer["result"]["tools"].is_array(), "{answer}");
+        let (rest, status) = p.finish().await;
+        assert!(
+            rest.is_empty(),
+            "nothing answers the notifications: {rest:?}"
+        );
+        assert!(status.success());
+    }
+    for method in removed {
+        assert_eq!(
+            modern.count(method),
+            0,
+            "{method} reached the modern backend"
+        );
+        // The legacy backend's one session is portico's bridge's own (for tools/list).
+        let own = u64::from(method == "initialize" || method == "notifications/initialized");
+        assert_eq!(
+            legacy.count(method),
+            own,
+            "{method} reached the legacy backend"
+        );
+    }
+}
