@@ -62,6 +62,9 @@ pub struct Backend {
     pub team_headers: HashMap<String, Vec<(HeaderName, HeaderValue)>>,
     /// What the status page shows: latency window, in-flight count, last error, tool catalogue.
     pub stats: crate::stats::BackendStats,
+    /// The `x-mcp-header` annotations of its tools, for the `Mcp-Param-*` headers portico
+    /// builds when it writes a 2026-07-28 `tools/call` itself.
+    pub tool_params: crate::param_headers::ToolParams,
 }
 
 impl Backend {
@@ -103,6 +106,7 @@ impl Backend {
             resilience: Resilience::new(cfg),
             team_headers,
             stats: Default::default(),
+            tool_params: Default::default(),
         })
     }
 

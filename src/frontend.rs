@@ -27,6 +27,13 @@ use crate::protocol::{
 #[derive(Debug, Clone, Copy)]
 pub struct PeerAddr(pub std::net::SocketAddr);
 
+/// Marks an in-process request that portico wrote on a client's behalf (`portico stdio`): it
+/// stands for a Streamable HTTP client that would have built its `Mcp-Param-*` headers, so a
+/// `tools/call` takes the message path, where the per-backend step builds them, instead of
+/// being passed through without them. A request extension: no header can claim it.
+#[derive(Debug, Clone, Copy)]
+pub struct BuiltByPortico;
+
 /// Which protocol era a request belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Era {

@@ -36,6 +36,7 @@ pub mod jsonrpc;
 pub mod legacy;
 pub mod merge;
 pub mod metrics;
+pub mod param_headers;
 pub mod policy;
 pub mod protocol;
 pub mod proxy;

@@ -136,7 +136,8 @@ where
     // included.
     match (era, route) {
         (Era::Modern, Route::Backend(backend)) => {
-            modern(state, ctx, backend, &parts.headers, head, body).await
+            let built = parts.extensions.get::<frontend::BuiltByPortico>().is_some();
+            modern(state, ctx, backend, &parts.headers, head, body, built).await
         }
         (Era::Modern, Route::Endpoint(ep)) => {
             Box::pin(aggregate::serve(state, ctx, ep, &parts.headers, head, body)).await
@@ -166,6 +167,7 @@ async fn modern(
     headers: &http::HeaderMap,
     head: Head<'_>,
     body: Bytes,
+    built: bool,
 ) -> Result<Response<Body>, GatewayError> {
     // 4. header checks
     let mh = frontend::check_modern_head(&head)?;
@@ -173,7 +175,9 @@ async fn modern(
     // From the request's start: one clock read fewer, and the timeout counts portico's own time.
     let deadline = Instant::from_std(ctx.start) + backend.timeout;
     bridge::ensure_verdict(backend).await?;
+    // A `tools/call` portico wrote itself needs its `Mcp-Param-*` headers built (message path).
     if let Some(method) = mh.method
+        && !(built && method == "tools/call")
         && step::can_pass_through(state, ctx, backend, &mh)
     {
         // Cheap checks that need no parse: one object per POST.

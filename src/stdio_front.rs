@@ -506,6 +506,9 @@ fn request(
         }
     }
     let mut req = Request::new(Full::new(body));
+    if session.is_none() {
+        req.extensions_mut().insert(frontend::BuiltByPortico);
+    }
     *req.method_mut() = Method::POST;
     *req.uri_mut() = http::Uri::try_from(path).unwrap_or_else(|_| http::Uri::from_static("/"));
     *req.headers_mut() = headers;

@@ -561,17 +561,30 @@ async fn answer(
             cached(core, ctx, backend, req, env, id).await
         }
         _ => {
+            let params = params::param_headers(core, ctx, backend, req, env).await;
             let sent = StdInstant::now();
-            let reply = call_backend(ctx, backend, req, env).await;
+            let reply = call_backend(ctx, backend, req, env, &params).await;
             ctx.upstream_since(sent);
             backend.resilience.record_result(&reply);
-            if env.method == "tools/list"
-                && let Ok(Reply {
-                    messages: MessageStream::One(answer),
-                    ..
-                }) = &reply
+            if let Ok(Reply {
+                messages: MessageStream::One(answer),
+                ..
+            }) = &reply
             {
-                backend.stats.tools.learn_list(answer);
+                match env.method.as_str() {
+                    "tools/list" => {
+                        backend.stats.tools.learn_list(answer);
+                        backend.tool_params.learn_list(answer);
+                    }
+                    // The server refused the headers: what portico knows of the tool's schema
+                    // is stale; the next call looks it up afresh.
+                    "tools/call" if params::is_header_mismatch(answer) => {
+                        if let Some(tool) = env.name.as_deref() {
+                            backend.tool_params.forget(tool);
+                        }
+                    }
+                    _ => {}
+                }
             }
             reply
         }
@@ -579,12 +592,13 @@ async fn answer(
 }
 
 /// Step 7 on the message path: initialize-era backends through the bridge, modern ones
-/// forwarded.
+/// forwarded (with `params`, the `Mcp-Param-*` headers portico built, where missing).
 async fn call_backend(
     ctx: &RequestCtx,
     backend: &Arc<Backend>,
     req: &StepRequest<'_>,
     env: &Envelope,
+    params: &[(HeaderName, HeaderValue)],
 ) -> Result<Reply, GatewayError> {
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Legacy {
@@ -611,7 +625,7 @@ async fn call_backend(
             bridge::Bridged::Modern => {}
         }
     }
-    forward(ctx, backend, req, env).await
+    forward(ctx, backend, req, env, params).await
 }
 
 /// The bridge, as one span (its session handshake is portico's own traffic); the translated
@@ -703,7 +717,7 @@ async fn cached(
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry || !keyed, || async {
             let sent = StdInstant::now();
-            let reply = call_backend(shared, backend, req, env).await;
+            let reply = call_backend(shared, backend, req, env, &[]).await;
             backend.resilience.record_result(&reply);
             upstream_us.store(
                 sent.elapsed().as_micros() as u64,
@@ -733,6 +747,7 @@ async fn cached(
     // answers were learnt by the fetch that made them).
     if env.method == "tools/list" && matches!(served.outcome, Outcome::Miss | Outcome::SharedHit) {
         backend.stats.tools.learn_list(&served.body);
+        backend.tool_params.learn_list(&served.body);
     }
     if served.ttl_remaining_ms.is_some() {
         // Something of this backend is (or was just) in the cache: listen for its changes.
@@ -758,8 +773,15 @@ async fn forward(
     backend: &Backend,
     req: &StepRequest<'_>,
     env: &Envelope,
+    params: &[(HeaderName, HeaderValue)],
 ) -> Result<Reply, GatewayError> {
     let mut extra = mirror_headers(env);
+    extra.extend(
+        params
+            .iter()
+            .filter(|(name, _)| !req.headers.contains_key(name))
+            .cloned(),
+    );
     extra.extend_from_slice(team_headers(ctx, backend));
     let sent = match &ctx.trace {
         None => {
@@ -883,5 +905,6 @@ fn filter_tools_reply(reply: Reply, filter: &ToolFilter, exposure: Exposure<'_>)
     Reply { messages, ..reply }
 }
 
+mod params;
 #[cfg(test)]
 mod tests;

@@ -358,3 +358,111 @@ async fn removed_methods_never_reach_any_backend() {
     }
     gw.stop().await;
 }
+
+/// A call of the strict mock's `regional` tool: a non-ASCII string (base64 form), an integer,
+/// a boolean, and an argument without annotation.
+fn regional() -> Value {
+    json!({"name":"regional","arguments":{"region":"Zürich","priority":3,"urgent":true,"note":"n"}})
+}
+
+/// The `Mcp-Param-*` headers the mock saw on its `tools/call`s.
+fn seen_params(mock: &crate::common::mock::MockHandle) -> Vec<Vec<(String, String)>> {
+    mock.seen()
+        .into_iter()
+        .filter(|s| s.body["method"] == "tools/call")
+        .map(|s| {
+            let mut h: Vec<(String, String)> = s
+                .headers
+                .iter()
+                .filter(|(k, _)| k.as_str().starts_with("mcp-param-"))
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
+                .collect();
+            h.sort();
+            h
+        })
+        .collect()
+}
+
+/// When portico writes the 2026-07-28 `tools/call` itself — for an initialize-era client, for
+/// an aggregated endpoint's member — it adds the `Mcp-Param-*` headers the tool's
+/// `inputSchema` asks for (`x-mcp-header`; base64 form for non-ASCII), from the tool list it
+/// holds, fetching it when absent; a strict server that answers `-32020` without them serves
+/// the call. (`portico stdio`: `stdio_front::a_strict_backend_gets_its_param_headers`.)
+#[tokio::test]
+async fn param_headers_are_built_for_calls_portico_writes() {
+    let strict = MockMcp::modern().header_tools().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}[[endpoints]]\npath = \"/mcp/agg\"\nbackends = [{{ name = \"x\", prefix = \"x\" }}]\n",
+        http_backend("x", &strict.url(), "modern", ""),
+    ))
+    .await;
+    let want = vec![
+        ("mcp-param-priority".to_string(), "3".to_string()),
+        (
+            "mcp-param-region".to_string(),
+            "=?base64?WsO8cmljaA==?=".to_string(),
+        ),
+        ("mcp-param-urgent".to_string(), "true".to_string()),
+    ];
+    // The strict mock refuses a call without them (a modern client that did not build them).
+    let r = mcp(&gw.url("/mcp/x"), json!(1), "tools/call", regional()).await;
+    assert_eq!(r.code(), -32020, "{:?}", r.body);
+    assert_eq!(strict.count("tools/list"), 0);
+    // An initialize-era client: portico fetches the list (nothing held yet) and builds them.
+    let (old, _) = crate::legacy::OldClient::connect(&gw.url("/mcp/x"), "2025-06-18").await;
+    let r = old.call(json!(2), "tools/call", regional()).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "Zürich 3 true",
+        "{:?}",
+        r.body
+    );
+    assert_eq!(strict.count("tools/list"), 1, "fetched once, when absent");
+    let r = old.call(json!(3), "tools/call", regional()).await;
+    assert_eq!(r.result()["result"]["content"][0]["text"], "Zürich 3 true");
+    // Through an aggregated endpoint, for a legacy and a 2026-07-28 client alike.
+    let (old_agg, _) = crate::legacy::OldClient::connect(&gw.url("/mcp/agg"), "2025-11-25").await;
+    let mut call = regional();
+    call["name"] = json!("x__regional");
+    let r = old_agg.call(json!(4), "tools/call", call.clone()).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "Zürich 3 true",
+        "{:?}",
+        r.body
+    );
+    let r = mcp(&gw.url("/mcp/agg"), json!(5), "tools/call", call).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "Zürich 3 true",
+        "{:?}",
+        r.body
+    );
+    assert_eq!(
+        strict.count("tools/list"),
+        1,
+        "the annotations are held, not re-fetched"
+    );
+    let seen = seen_params(&strict);
+    assert_eq!(seen.len(), 5);
+    assert!(seen[0].is_empty(), "the client's own call went as sent");
+    for headers in &seen[1..] {
+        assert_eq!(*headers, want);
+    }
+    // A 2026-07-28 client's own headers are forwarded as it sent them.
+    let mut h = modern_headers("tools/call", Some("regional"));
+    h.extend([
+        ("mcp-param-region", "=?base64?WsO8cmljaA==?="),
+        ("mcp-param-priority", "3"),
+        ("mcp-param-urgent", "true"),
+    ]);
+    let body = modern_body(json!(6), "tools/call", regional());
+    let r = send("POST", &gw.url("/mcp/x"), &h, body).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "Zürich 3 true",
+        "{:?}",
+        r.body
+    );
+    gw.stop().await;
+}

@@ -365,7 +365,7 @@ async fn the_upstream_session_is_deleted_on_shutdown() {
 // === Legacy clients ===
 
 /// An initialize-era client, by hand.
-struct OldClient {
+pub struct OldClient {
     url: String,
     sid: String,
     version: String,
@@ -386,7 +386,7 @@ fn legacy_headers<'a>(sid: Option<&'a str>, version: Option<&'a str>) -> Vec<(&'
 }
 
 impl OldClient {
-    async fn connect(url: &str, version: &str) -> (OldClient, Value) {
+    pub async fn connect(url: &str, version: &str) -> (OldClient, Value) {
         let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
             "protocolVersion":version,"capabilities":{"roots":{}},"clientInfo":{"name":"old","version":"1"}}});
         let r = send("POST", url, &legacy_headers(None, None), body.to_string()).await;
@@ -411,7 +411,7 @@ impl OldClient {
         (c, init)
     }
 
-    async fn call(&self, id: Value, method: &str, params: Value) -> Resp {
+    pub async fn call(&self, id: Value, method: &str, params: Value) -> Resp {
         let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
         send(
             "POST",

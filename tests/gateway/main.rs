@@ -13,7 +13,7 @@ mod core;
 mod hardening;
 mod interop;
 mod layers;
-mod legacy;
+pub mod legacy;
 mod observe;
 mod redis;
 mod reliability;

@@ -674,3 +674,46 @@ async fn removed_methods_are_refused() {
         );
     }
 }
+
+/// `portico stdio` stands for a Streamable HTTP client, so it builds the `Mcp-Param-*` headers
+/// a strict 2026-07-28 backend requires (`x-mcp-header` arguments; base64 form for non-ASCII),
+/// for 2026-07-28 lines and for an initialize-era session alike.
+#[tokio::test]
+async fn a_strict_backend_gets_its_param_headers() {
+    let strict = MockMcp::modern().header_tools().start().await;
+    let call =
+        json!({"name":"regional","arguments":{"region":"Zürich","priority":3,"urgent":false}});
+    let mut p = StdioProc::spawn(&["--url", &strict.url()]);
+    p.request(json!(1), "tools/call", call.clone()).await;
+    let answer = p.answer(json!(1)).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "Zürich 3 false",
+        "{answer}"
+    );
+    let (_, status) = p.finish().await;
+    assert!(status.success());
+    // An initialize-era client of the same process kind.
+    let mut p = StdioProc::spawn(&["--url", &strict.url()]);
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"old","version":"1"}}});
+    p.send(&init.to_string()).await;
+    assert!(p.answer(json!(0)).await["result"]["protocolVersion"].is_string());
+    let line = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":call});
+    p.send(&line.to_string()).await;
+    let answer = p.answer(json!(2)).await;
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "Zürich 3 false",
+        "{answer}"
+    );
+    let (_, status) = p.finish().await;
+    assert!(status.success());
+    for s in strict
+        .seen()
+        .iter()
+        .filter(|s| s.body["method"] == "tools/call")
+    {
+        assert_eq!(s.headers["mcp-param-region"], "=?base64?WsO8cmljaA==?=");
+        assert_eq!(s.headers["mcp-param-priority"], "3");
+        assert_eq!(s.headers["mcp-param-urgent"], "false");
+    }
+}
