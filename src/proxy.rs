@@ -136,8 +136,8 @@ where
     // included.
     match (era, route) {
         (Era::Modern, Route::Backend(backend)) => {
-            let built = parts.extensions.get::<frontend::BuiltByPortico>().is_some();
-            modern(state, ctx, backend, &parts.headers, head, body, built).await
+            ctx.built_by_portico = parts.extensions.get::<frontend::BuiltByPortico>().is_some();
+            modern(state, ctx, backend, &parts.headers, head, body).await
         }
         (Era::Modern, Route::Endpoint(ep)) => {
             Box::pin(aggregate::serve(state, ctx, ep, &parts.headers, head, body)).await
@@ -167,7 +167,6 @@ async fn modern(
     headers: &http::HeaderMap,
     head: Head<'_>,
     body: Bytes,
-    built: bool,
 ) -> Result<Response<Body>, GatewayError> {
     // 4. header checks
     let mh = frontend::check_modern_head(&head)?;
@@ -177,7 +176,7 @@ async fn modern(
     bridge::ensure_verdict(backend).await?;
     // A `tools/call` portico wrote itself needs its `Mcp-Param-*` headers built (message path).
     if let Some(method) = mh.method
-        && !(built && method == "tools/call")
+        && !(ctx.built_by_portico && method == "tools/call")
         && step::can_pass_through(state, ctx, backend, &mh)
     {
         // Cheap checks that need no parse: one object per POST.

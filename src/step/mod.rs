@@ -97,6 +97,9 @@ pub struct RequestCtx {
     /// The caller's rate limit has been charged for this request (once, however many
     /// backends the request reaches).
     pub rate_charged: bool,
+    /// portico wrote this 2026-07-28 request on a client's behalf (`portico stdio`), so it also
+    /// builds the headers such a client would (`Mcp-Param-*`, `params::param_headers`).
+    pub built_by_portico: bool,
 }
 
 impl Default for RequestCtx {
@@ -124,6 +127,7 @@ impl RequestCtx {
             status: 0,
             principal: None,
             rate_charged: false,
+            built_by_portico: false,
         }
     }
 
@@ -160,6 +164,11 @@ impl<'a> Exposure<'a> {
     /// A member of an aggregated endpoint (`prefix` `""` = bare names).
     pub fn member(prefix: &'a str, separator: &'a str) -> Exposure<'a> {
         Exposure { prefix, separator }
+    }
+
+    /// Whether this is a backend on its own URL (not a member of an aggregated endpoint).
+    pub fn is_direct(&self) -> bool {
+        self.prefix.is_empty() && self.separator.is_empty()
     }
 
     /// The name the client sees for the backend's `name`.

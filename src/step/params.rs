@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::{Core, Message, RequestCtx, StepRequest};
 use crate::backend::{Backend, Verdict};
 use crate::bridge;
+use crate::frontend::Era;
 use crate::protocol::{self, Envelope, header as h};
 use crate::upstream::Upstream;
 
@@ -22,10 +23,12 @@ const MAX_TOOL_PAGES: usize = 16;
 const TOOL_FETCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The `Mcp-Param-*` headers of a `tools/call` to a 2026-07-28 HTTP backend (docs/protocol.md
-/// §4), built from the tool's `x-mcp-header` annotations as portico holds them; a tool portico
-/// has not seen listed is looked up in a `tools/list` fetched for this caller, through the
-/// cache (so usually a hit on the caller's own list). Empty for anything else. The headers the
-/// client sent itself are kept as sent (`forward` adds only the missing ones).
+/// §4) that portico wrote itself — for an initialize-era client, an aggregated endpoint's
+/// member (the body was rewritten), `portico stdio` — built from the tool's `x-mcp-header`
+/// annotations as portico holds them; a tool portico has not seen listed is looked up in a
+/// `tools/list` fetched for this caller, through the cache (so usually a hit on the caller's
+/// own list). Empty for anything else: a 2026-07-28 client's own request carries the headers
+/// it built, forwarded as sent (and `forward` adds only missing ones).
 pub(super) async fn param_headers(
     core: &Core,
     ctx: &RequestCtx,
@@ -33,7 +36,12 @@ pub(super) async fn param_headers(
     req: &StepRequest<'_>,
     env: &Envelope,
 ) -> Vec<(HeaderName, HeaderValue)> {
-    if env.method != "tools/call" || !matches!(backend.upstream, Upstream::Http(_)) {
+    let portico_writes =
+        ctx.era == Some(Era::Legacy) || ctx.built_by_portico || !req.exposure.is_direct();
+    if env.method != "tools/call"
+        || !portico_writes
+        || !matches!(backend.upstream, Upstream::Http(_))
+    {
         return Vec::new();
     }
     let Some(tool) = env.name.as_deref() else {

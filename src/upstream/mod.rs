@@ -176,10 +176,13 @@ pub struct Outgoing<'a> {
 /// later, never past `hard`, the request's arrival plus `max_call_ms`. So a long call that
 /// keeps reporting progress runs to its end, a silent one is cut `idle` after its last word,
 /// and none outlives `max_call_ms`. Keep-alive comments are not messages and move nothing.
+/// The deadline only ever moves later than the one the request was given: a caller with a
+/// longer budget of its own (a `subscriptions/listen` stream) keeps it.
 #[derive(Debug, Clone, Copy)]
 pub struct CallClock {
     idle: std::time::Duration,
     hard: Option<Instant>,
+    floor: Instant,
 }
 
 impl CallClock {
@@ -194,13 +197,14 @@ impl CallClock {
         CallClock {
             idle,
             hard: max_call.map(|m| (arrival + m).max(deadline)),
+            floor: deadline,
         }
     }
 
     /// The deadline once a message has just arrived.
     pub fn after_message(&self) -> Instant {
         let next = Instant::now() + self.idle;
-        self.hard.map_or(next, |h| next.min(h))
+        self.hard.map_or(next, |h| next.min(h)).max(self.floor)
     }
 
     /// Whether the call has reached its hard bound (`max_call_ms`), as opposed to an idle gap.
@@ -308,6 +312,26 @@ impl Upstream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each message moves the deadline `idle` on, never past the hard bound and never before
+    /// the deadline the request was given.
+    #[tokio::test(start_paused = true)]
+    async fn the_call_clock_moves_with_messages() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let start = Instant::now();
+        let c = CallClock::new(start + ms(400), ms(400), Some(ms(1000)));
+        tokio::time::advance(ms(300)).await;
+        assert_eq!(c.after_message(), start + ms(700));
+        tokio::time::advance(ms(500)).await;
+        assert_eq!(c.after_message(), start + ms(1000), "capped by max_call");
+        assert!(!c.past_hard());
+        tokio::time::advance(ms(200)).await;
+        assert!(c.past_hard());
+        // A longer budget of the caller's own is kept.
+        let c = CallClock::new(start + ms(60_000), ms(400), None);
+        assert_eq!(c.after_message(), start + ms(60_000));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn warnings_are_budgeted_per_window() {

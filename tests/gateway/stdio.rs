@@ -26,8 +26,13 @@ fn backend(args: &[&str]) -> StdioUpstream {
 }
 
 fn backend_cmd(cmd: &[String]) -> StdioUpstream {
+    backend_cmd_with(cmd, "")
+}
+
+/// `backend_cmd` with extra backend keys (`timeout_ms = 300`).
+fn backend_cmd_with(cmd: &[String], extra: &str) -> StdioUpstream {
     let toml = format!(
-        "[[backends]]\nname = \"s\"\ncommand = {}\nmax_line_bytes = 65536\n",
+        "[[backends]]\nname = \"s\"\ncommand = {}\nmax_line_bytes = 65536\n{extra}\n",
         serde_json::to_string(cmd).unwrap()
     );
     let cfg = portico::config::validate(portico::config::parse(&toml).unwrap()).unwrap();
@@ -323,19 +328,48 @@ async fn deadline_gives_timeout_and_cancels_the_request() {
         .await;
     assert!(matches!(r, Err(UpstreamError::Timeout)), "{:?}", r.err());
     assert!(started.elapsed() < Duration::from_secs(1));
-    // Mid-stream: the stream ends with Timeout.
+    let seen = cancelled(&up).await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen.iter().all(|c| c["reason"] == "the deadline passed"));
+    up.shutdown().await;
+}
+
+/// Mid-stream, the deadline is an idle limit of `timeout_ms` from the last message: progress
+/// keeps a call alive past its first deadline; silence after a message ends the stream with
+/// Timeout, and the request is cancelled.
+#[tokio::test]
+async fn mid_stream_the_deadline_moves_with_each_message() {
+    let cmd = ["python3", MOCK, "--modern"].map(String::from);
+    let up = backend_cmd_with(&cmd, "timeout_ms = 300");
+    start(&up).await;
+    let started = Instant::now();
+    let body = tool_with_token(
+        json!("p"),
+        "progress",
+        json!({"steps": 8, "delay_ms": 100}),
+        json!("t"),
+    );
+    let reply = up.call(body, within(300)).await.unwrap();
+    let msgs = collect(reply).await.expect("progress kept the call alive");
+    assert_eq!(
+        msgs.last().unwrap()["result"]["content"][0]["text"],
+        "done 8"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(800));
+    // One progress, then 2 s of silence: cut 300 ms after the message.
+    let started = Instant::now();
     let body = tool_with_token(
         json!("e"),
         "progress",
-        json!({"steps": 100, "delay_ms": 50}),
+        json!({"steps": 2, "delay_ms": 2000}),
         json!("t"),
     );
-    let reply = up.call(body, within(400)).await.unwrap();
+    let reply = up.call(body, within(300)).await.unwrap();
     assert!(matches!(collect(reply).await, Err(UpstreamError::Timeout)));
-
+    assert!(started.elapsed() < Duration::from_millis(1500));
     let seen = cancelled(&up).await;
-    assert_eq!(seen.len(), 2, "{seen:?}");
-    assert!(seen.iter().all(|c| c["reason"] == "the deadline passed"));
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["reason"], "the deadline passed");
     up.shutdown().await;
 }
 
