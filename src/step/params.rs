@@ -38,8 +38,15 @@ pub(super) async fn param_headers(
 ) -> Vec<(HeaderName, HeaderValue)> {
     let portico_writes =
         ctx.era == Some(Era::Legacy) || ctx.built_by_portico || !req.exposure.is_direct();
+    // A 2026-07-28 client that sent `Mcp-Param-*` headers (through an aggregated endpoint)
+    // built them from the list it was given: they go as sent, and nothing is looked up.
+    let client_built = req
+        .headers
+        .keys()
+        .any(|k| k.as_str().starts_with(h::PARAM_PREFIX));
     if env.method != "tools/call"
         || !portico_writes
+        || client_built
         || !matches!(backend.upstream, Upstream::Http(_))
     {
         return Vec::new();

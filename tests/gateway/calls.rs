@@ -431,7 +431,27 @@ async fn param_headers_are_built_for_calls_portico_writes() {
         "{:?}",
         r.body
     );
-    let r = mcp(&gw.url("/mcp/agg"), json!(5), "tools/call", call).await;
+    let r = mcp(&gw.url("/mcp/agg"), json!(5), "tools/call", call.clone()).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "Zürich 3 true",
+        "{:?}",
+        r.body
+    );
+    // A 2026-07-28 client that built its own headers (from the aggregated list): as sent.
+    let mut h = modern_headers("tools/call", Some("x__regional"));
+    h.extend([
+        ("mcp-param-region", "=?base64?WsO8cmljaA==?="),
+        ("mcp-param-priority", "3"),
+        ("mcp-param-urgent", "true"),
+    ]);
+    let r = send(
+        "POST",
+        &gw.url("/mcp/agg"),
+        &h,
+        modern_body(json!(7), "tools/call", call),
+    )
+    .await;
     assert_eq!(
         r.result()["result"]["content"][0]["text"],
         "Zürich 3 true",
@@ -444,7 +464,7 @@ async fn param_headers_are_built_for_calls_portico_writes() {
         "the annotations are held, not re-fetched"
     );
     let seen = seen_params(&strict);
-    assert_eq!(seen.len(), 5);
+    assert_eq!(seen.len(), 6);
     assert!(seen[0].is_empty(), "the client's own call went as sent");
     for headers in &seen[1..] {
         assert_eq!(*headers, want);
