@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+/// The longest a streamed call runs when `max_call_ms` is not set (never below `timeout_ms`):
+/// progress keeps a call alive, and a backend that reports forever must still end.
+pub const DEFAULT_MAX_CALL_MS: u64 = 3_600_000;
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// A request body must be in within this long, plus time for its size at
@@ -400,8 +403,8 @@ pub struct BackendConfig {
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
     /// Longest a streamed call may run in all, from the request's arrival, however often the
-    /// backend sends progress. Absent = no bound beyond `timeout_ms` between messages. At least
-    /// `timeout_ms`.
+    /// backend sends progress. At least `timeout_ms`; absent = `DEFAULT_MAX_CALL_MS` (1 hour),
+    /// or `timeout_ms` if that is longer.
     #[serde(default)]
     pub max_call_ms: Option<u64>,
     /// Static headers sent upstream (`${ENV}` expanded). The client's own credentials never are.
@@ -456,6 +459,15 @@ pub struct BackendConfig {
     /// Period of the active health probe (`server/discover`). 0 = no probe.
     #[serde(default)]
     pub health_interval_ms: u64,
+}
+
+impl BackendConfig {
+    /// The bound on a whole streamed call: `max_call_ms`, or [`DEFAULT_MAX_CALL_MS`], never
+    /// below `timeout_ms`.
+    pub fn max_call(&self) -> std::time::Duration {
+        let ms = self.max_call_ms.unwrap_or(DEFAULT_MAX_CALL_MS);
+        std::time::Duration::from_millis(ms.max(self.timeout_ms))
+    }
 }
 
 /// `[auth]`: who may call portico (docs/protocol.md §4, Auth).

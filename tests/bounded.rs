@@ -340,12 +340,15 @@ url = "{url}"
 protocol = "modern"
 timeout_ms = 1500
 
+# On an SSE answer timeout_ms is an idle limit that each notification restarts: max_call_ms
+# is what ends an endless stream of them.
 [[backends]]
 name = "streamed"
 url = "{url}"
 protocol = "modern"
 verify_body = "always"
 timeout_ms = 1500
+max_call_ms = 1500
 "#
     )
 }
@@ -486,8 +489,9 @@ async fn a_busy_relay_is_cut_at_the_deadline_and_holds_nothing() {
 }
 
 /// The message path streams notifications to the client as they come (held one at a time)
-/// and is cut at `timeout_ms` too: an SSE answer that never sends its response ends with a
-/// JSON-RPC error event naming the backend.
+/// and is cut at `max_call_ms` (each notification restarts the `timeout_ms` idle clock): an
+/// SSE answer that never sends its response ends with a JSON-RPC error event naming the
+/// backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endless_notifications_are_cut_at_the_deadline() {
     let _one = ONE_AT_A_TIME.lock().await;

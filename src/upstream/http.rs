@@ -175,7 +175,7 @@ impl HttpUpstream {
             tls,
             static_headers,
             timeout: Duration::from_millis(cfg.timeout_ms),
-            max_call: cfg.max_call_ms.map(Duration::from_millis),
+            max_call: Some(cfg.max_call()),
             max_answer: cfg.max_answer_bytes.max(1),
             idle: ArrayQueue::new(cfg.max_idle_connections.max(1)),
             lean: h1::Pool::new(cfg.max_idle_connections),

@@ -148,7 +148,7 @@ impl StdioUpstream {
             notes,
             next_id: AtomicU64::new(1),
             timeout: Duration::from_millis(cfg.timeout_ms),
-            max_call: cfg.max_call_ms.map(Duration::from_millis),
+            max_call: Some(cfg.max_call()),
         }
     }
 
