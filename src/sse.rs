@@ -1,7 +1,8 @@
 //! Server-Sent Events, both ways: [`sse_event`] encodes one JSON-RPC message as an event, and
 //! [`SseDecoder`] decodes upstream answers incrementally — bytes in, one `data` payload per event
 //! out. Pure and bounded (an event larger than the limit is an error, not an OOM), so the
-//! decoder is also a fuzz target.
+//! decoder is also a fuzz target. [`EventEnds`] only notices where events end in bytes that are
+//! relayed untouched (the idle clock of a long call, README "Long calls").
 //!
 //! Only what MCP uses is kept: `data:` lines joined by `\n`; `event:`, `id:`, `retry:` and
 //! comment lines are read and dropped; an event with empty data (the 2025-11-25 priming event)
