@@ -184,7 +184,10 @@ async fn modern(
         }
         let req = StepRequest {
             headers,
-            message: Message::Unread { method },
+            message: Message::Unread {
+                method,
+                name: mh.name,
+            },
             body: body.clone(),
             exposure: Exposure::DIRECT,
             deadline,

@@ -175,9 +175,12 @@ impl<'a> Exposure<'a> {
 /// What the step is asked to send.
 #[derive(Clone, Copy)]
 pub enum Message<'a> {
-    /// The client's body, unread (pass-through; see [`can_pass_through`]): only the method the
-    /// headers name is known.
-    Unread { method: &'a str },
+    /// The client's body, unread (pass-through; see [`can_pass_through`]): only what the
+    /// headers name is known — the method, and for a `tools/call` the decoded `Mcp-Name`.
+    Unread {
+        method: &'a str,
+        name: Option<&'a str>,
+    },
     /// A parsed message; the body is its exact bytes.
     Parsed(&'a Envelope),
 }
@@ -211,21 +214,22 @@ pub async fn step(
     backend: &Arc<Backend>,
     req: StepRequest<'_>,
 ) -> Result<Answer, GatewayError> {
-    let Some(tool) = called_tool(req.message, req.headers) else {
-        return admit_and_answer(core, ctx, backend, req).await;
-    };
-    let started = StdInstant::now();
+    let tool = called_tool(req.message);
     let answer = admit_and_answer(core, ctx, backend, req).await;
-    let status = match &answer {
-        Ok(Answer::Relayed(r)) => Some(r.status()),
-        Ok(Answer::Reply(r)) => Some(r.status),
-        Err(e) => Some(e.status()),
-        // Not answered yet: the caller takes the step again, through the bridge.
-        Ok(Answer::Reprobed) => None,
-    };
-    if let Some(status) = status {
-        let (tools, took) = (&backend.stats.tools, started.elapsed());
-        tools.record(&core.metrics, &backend.name, &tool, status.as_u16(), took);
+    if let Some(tool) = tool {
+        let status = match &answer {
+            Ok(Answer::Relayed(r)) => Some(r.status()),
+            Ok(Answer::Reply(r)) => Some(r.status),
+            Err(e) => Some(e.status()),
+            // Not answered yet: the caller takes the step again, through the bridge.
+            Ok(Answer::Reprobed) => None,
+        };
+        if let Some(status) = status {
+            // Timed from the request's start (one clock read fewer): what the client waited.
+            let took = ctx.elapsed();
+            let tools = &backend.stats.tools;
+            tools.record(&core.metrics, &backend.name, tool, status.as_u16(), took);
+        }
     }
     answer
 }
@@ -233,19 +237,15 @@ pub async fn step(
 /// The tool a `tools/call` names: the body's name, or for an unread body the `Mcp-Name`
 /// header (which a modern backend checks against the body itself; README, "Why header
 /// routing is safe"). Only a label: `stats::tools` keeps it to names the backend listed.
-fn called_tool<'a>(message: Message<'a>, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
+fn called_tool(message: Message<'_>) -> Option<&str> {
     match message {
         Message::Parsed(env) if env.method == "tools/call" => {
-            Some(Cow::Borrowed(env.name.as_deref().unwrap_or("")))
+            Some(env.name.as_deref().unwrap_or(""))
         }
         Message::Unread {
             method: "tools/call",
-        } => Some(
-            headers
-                .get(h::names::NAME)
-                .and_then(|v| protocol::decode_header_value(v.as_bytes()))
-                .unwrap_or(Cow::Borrowed("")),
-        ),
+            name,
+        } => Some(name.unwrap_or("")),
         _ => None,
     }
 }
@@ -303,7 +303,7 @@ async fn admit_and_answer(
     let before = ctx.upstream;
     // 6. cache, 7. forward or bridge
     let answer = match req.message {
-        Message::Unread { method } => pass_through(ctx, backend, &req, method).await,
+        Message::Unread { method, .. } => pass_through(ctx, backend, &req, method).await,
         Message::Parsed(env) => {
             // Boxed: the cache and bridge futures are large, and inline they would set the size
             // (and the cost of every move) of the pass-through path's state too.

@@ -326,6 +326,7 @@ builtin = "demo"
         headers: &HeaderMap::new(),
         message: Message::Unread {
             method: "tools/call",
+            name: Some("echo"),
         },
         body: call_body("echo"),
         exposure: Exposure::DIRECT,
