@@ -31,9 +31,21 @@ pub struct Slot<T> {
     /// Unix milliseconds after which the slot's owner is gone (a legacy client's session
     /// expiry); `u64::MAX` for none.
     expires_ms: u64,
+    /// Never reaped for idleness, and evicted only when nothing else can be (portico's own
+    /// session, which its long-lived change stream uses without holding the slot).
+    pinned: std::sync::atomic::AtomicBool,
 }
 
 impl<T> Slot<T> {
+    /// Keeps the slot through idleness (see `pinned`).
+    pub fn pin(&self) {
+        self.pinned.store(true, Ordering::Relaxed);
+    }
+
+    fn pinned(&self) -> bool {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
     /// Unix milliseconds after which the owner is gone (`u64::MAX`: never).
     pub fn expires_ms(&self) -> u64 {
         self.expires_ms
@@ -101,7 +113,7 @@ impl<T> Pool<T> {
             let lru = |busy_ok: bool| {
                 slots
                     .values()
-                    .filter(|s| busy_ok || Arc::strong_count(s) == 1)
+                    .filter(|s| busy_ok || (Arc::strong_count(s) == 1 && !s.pinned()))
                     .min_by_key(|s| s.last_used.load(Ordering::Relaxed))
                     .map(|s| s.key)
             };
@@ -117,6 +129,7 @@ impl<T> Pool<T> {
             value: make(),
             last_used: AtomicU64::new(now),
             expires_ms,
+            pinned: Default::default(),
         });
         slots.insert(key, slot.clone());
         (slot, evicted)
@@ -146,7 +159,7 @@ impl<T> Pool<T> {
         let mut slots = self.lock();
         let stale: Vec<OwnerKey> = slots
             .values()
-            .filter(|s| Arc::strong_count(s) == 1)
+            .filter(|s| Arc::strong_count(s) == 1 && !s.pinned())
             .filter(|s| {
                 now.saturating_sub(s.last_used.load(Ordering::Relaxed)) >= idle
                     || s.expires_ms <= unix

@@ -28,10 +28,11 @@ pub struct Owner {
     /// The revision asked for in `initialize` (a legacy client's negotiated one; else the
     /// newest the bridge speaks).
     pub version: &'static str,
-    /// The client's declared capabilities, sent in `initialize`.
-    pub capabilities: Value,
-    /// The client's clientInfo (portico's when it declared none).
-    pub client_info: Value,
+    /// The client's declared capabilities as JSON text, sent in `initialize` (parsed only
+    /// then: building an owner is on every bridged request).
+    capabilities: Box<str>,
+    /// The client's clientInfo as JSON text (portico's when it declared none).
+    client_info: Option<Box<str>>,
     /// Unix milliseconds after which the owner is gone (a legacy client's session expiry);
     /// `u64::MAX` for none.
     pub expires_ms: u64,
@@ -64,8 +65,8 @@ impl Owner {
             key,
             scope: key,
             version: LEGACY_VERSIONS[0],
-            capabilities: json!({}),
-            client_info: portico_info(),
+            capabilities: "{}".into(),
+            client_info: None,
             expires_ms: u64::MAX,
             sealed: Vec::new(),
             portico: true,
@@ -78,20 +79,12 @@ impl Owner {
         let caps_raw = capabilities.unwrap_or("{}");
         let scope = digest(b"portico/owner/context", &[context]);
         let key = digest(b"portico/owner/client", &[context, caps_raw.as_bytes()]);
-        let capabilities = serde_json::from_str::<Value>(caps_raw)
-            .ok()
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({}));
-        let client_info = client_info
-            .and_then(|i| serde_json::from_str::<Value>(i).ok())
-            .filter(Value::is_object)
-            .unwrap_or_else(portico_info);
         Owner {
             key,
             scope,
             version: LEGACY_VERSIONS[0],
-            capabilities,
-            client_info,
+            capabilities: caps_raw.into(),
+            client_info: client_info.map(Into::into),
             expires_ms: u64::MAX,
             sealed: Vec::new(),
             portico: false,
@@ -116,19 +109,31 @@ impl Owner {
                 .find(|v| **v == version)
                 .copied()
                 .unwrap_or(LEGACY_VERSIONS[0]),
-            capabilities: if capabilities.is_object() {
-                capabilities.clone()
-            } else {
-                json!({})
-            },
-            client_info: client_info
-                .filter(|i| i.is_object())
-                .cloned()
-                .unwrap_or_else(portico_info),
+            capabilities: capabilities.to_string().into(),
+            client_info: client_info.map(|i| i.to_string().into()),
             expires_ms,
             sealed: Vec::new(),
             portico: false,
         }
+    }
+
+    /// The capabilities the upstream `initialize` declares (`{}` unless the client declared an
+    /// object).
+    pub fn capabilities(&self) -> Value {
+        serde_json::from_str::<Value>(&self.capabilities)
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}))
+    }
+
+    /// The clientInfo the upstream `initialize` carries (portico's unless the client declared
+    /// an object).
+    pub fn client_info(&self) -> Value {
+        self.client_info
+            .as_deref()
+            .and_then(|i| serde_json::from_str::<Value>(i).ok())
+            .filter(Value::is_object)
+            .unwrap_or_else(portico_info)
     }
 
     /// The upstream session another replica opened on `backend` for this owner, if any.
@@ -153,13 +158,14 @@ mod tests {
         assert_eq!(a.scope, a_sampling.scope, "but not who may cancel");
         assert_ne!(a.key, b.key);
         assert_ne!(a.scope, b.scope);
-        assert_eq!(a_sampling.capabilities, json!({"sampling":{}}));
+        assert_eq!(a_sampling.capabilities(), json!({"sampling":{}}));
+        assert_eq!(a.client_info(), portico_info());
         let s1 = Owner::legacy_client(b"n1", "2025-06-18", &json!({}), None, 1);
         let s2 = Owner::legacy_client(b"n2", "2099-01-01", &json!(null), None, 1);
         assert_ne!(s1.key, s2.key);
         assert_eq!(s1.version, "2025-06-18");
         assert_eq!(s2.version, LEGACY_VERSIONS[0]);
-        assert_eq!(s2.capabilities, json!({}));
+        assert_eq!(s2.capabilities(), json!({}));
         assert_ne!(Owner::portico().key, a.key);
     }
 }

@@ -155,6 +155,9 @@ pub(super) async fn session_or_modern(
         .bridge
         .pool
         .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner));
+    if key == OWN {
+        slot.pin();
+    }
     for old in evicted {
         tracing::info!(backend = %b.name, "max_upstream_sessions reached: closing the least recently used upstream session");
         tokio::spawn(close_slot(b.clone(), old));
@@ -330,8 +333,8 @@ pub(super) fn initialize_body(id: &str, owner: &Owner) -> Bytes {
     Bytes::from(
         json!({"jsonrpc":"2.0","id":id,"method":"initialize","params":{
             "protocolVersion": owner.version,
-            "capabilities": owner.capabilities,
-            "clientInfo": owner.client_info,
+            "capabilities": owner.capabilities(),
+            "clientInfo": owner.client_info(),
         }})
         .to_string(),
     )
