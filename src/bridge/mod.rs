@@ -32,7 +32,11 @@
 //!   client's own `notifications/cancelled` is never forwarded: its id is in the client's id
 //!   space, which the session never saw.
 //! - Server-initiated requests a 2026-07-28 client cannot receive (sampling, elicitation, roots)
-//!   are answered with an error so the server never hangs; `ping` is answered.
+//!   are answered with an error so the server never hangs; `ping` is answered. Relaying them
+//!   later needs no new bookkeeping of who asked: a request arrives on the stream of one call
+//!   ([`translate`]'s `Mapping`: the client's id), inside one owner's session (`Owner`, held by
+//!   the call's `CancelGuard` slot), and on stdio the transport's pending map names the call
+//!   by its gateway id — so the client that owns the call is always known.
 //!
 //! Files: `probe` (era classification, the probe), `owner` (whose session a request uses),
 //! `session` (the per-owner sessions and their handshake), `translate` (message translation
