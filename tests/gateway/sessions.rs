@@ -687,3 +687,35 @@ async fn unsupported_version_lists_what_discover_advertises() {
         assert_eq!(r.json()["error"]["data"]["supported"], advertised, "{path}");
     }
 }
+
+/// stdio `per_client`: each client's child is capped and reaped like an HTTP session (the
+/// evicted or idle child exits).
+#[tokio::test]
+async fn per_client_stdio_children_are_capped_and_reaped() {
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}{}",
+        auth(),
+        stdio_backend(
+            &["--legacy"],
+            "max_upstream_sessions = 1\nupstream_idle_ms = 1000"
+        )
+    ))
+    .await;
+    let url = gw.url("/mcp/b");
+    let pid = |key: &'static str| {
+        let url = url.clone();
+        async move {
+            let r = tool(&url, Some(key), json!(1), "pid", json!({})).await;
+            r.result()["result"]["structuredContent"]["pid"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("pid in {:?}", r.body))
+        }
+    };
+    let alive = |pid: u64| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let alice = pid(ALICE).await;
+    let bob = pid(BOB).await;
+    assert_ne!(alice, bob, "a child each");
+    eventually("alice's child closed at the cap", || !alive(alice)).await;
+    assert!(alive(bob));
+    eventually("bob's idle child closed", || !alive(bob)).await;
+}
