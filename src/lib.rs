@@ -37,6 +37,7 @@ pub mod legacy;
 pub mod merge;
 pub mod metrics;
 pub mod policy;
+pub mod pool;
 pub mod protocol;
 pub mod proxy;
 pub mod reload;

@@ -31,7 +31,7 @@ use crate::auth::{self, Auth, Principal};
 use crate::backend::{Backend, Verdict};
 use crate::body::{Body, relay_response};
 use crate::bridge;
-use crate::cache::{Cache, Fetched, KeyInput, Outcome};
+use crate::cache::{Cache, Fetched, KeyInput, Outcome, Partition};
 use crate::config::{Config, Protocol, ToolFilter, VerifyBody};
 use crate::error::GatewayError;
 use crate::frontend::{Era, ModernHead};
@@ -59,6 +59,8 @@ pub struct Core {
     pub watchers: Watchers,
     /// Authentication, team policy and rate limits.
     pub auth: Auth,
+    /// Calls in flight on shared upstreams, so a client's cancel finds its own (`calls`).
+    pub calls: Arc<calls::Calls>,
 }
 
 /// Everything known about one request, filled in as it moves through the phases and read once
@@ -97,6 +99,10 @@ pub struct RequestCtx {
     /// The caller's rate limit has been charged for this request (once, however many
     /// backends the request reaches).
     pub rate_charged: bool,
+    /// An initialize-era client's session (set by `legacy`): whose upstream sessions the
+    /// request uses and which calls its cancel may reach. `None`: a 2026-07-28 client, whose
+    /// owner is its authorization context and declared capabilities.
+    pub client: Option<Arc<bridge::Owner>>,
 }
 
 impl Default for RequestCtx {
@@ -124,6 +130,7 @@ impl RequestCtx {
             status: 0,
             principal: None,
             rate_charged: false,
+            client: None,
         }
     }
 
@@ -313,6 +320,7 @@ async fn admit_and_answer(
                     Some(f) if env.method == "tools/list" => {
                         filter_tools_reply(reply, f, req.exposure)
                     }
+                    _ if env.method == "server/discover" => portico_versions(reply),
                     _ => reply,
                 })
                 .map(Answer::Reply)
@@ -404,7 +412,8 @@ pub fn charge(core: &Core, ctx: &mut RequestCtx) -> Result<(), GatewayError> {
 /// - a cacheable method while the cache is on (the key comes from the body, and the body must
 ///   agree with the headers before an entry is served or stored);
 /// - a caller under a tool policy (checked against the parsed body, never the headers alone);
-/// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era.
+/// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era;
+/// - `server/discover`, whose `supportedVersions` portico rewrites to its own.
 pub fn can_pass_through(
     core: &Core,
     ctx: &RequestCtx,
@@ -415,9 +424,9 @@ pub fn can_pass_through(
         && backend.verdict() == Verdict::Modern
         && matches!(backend.upstream, Upstream::Http(_))
         && backend.cfg.verify_body == VerifyBody::Auto
-        && mh
-            .method
-            .is_some_and(|m| !(core.cache.enabled() && protocol::is_cacheable_method(m)))
+        && mh.method.is_some_and(|m| {
+            !(core.cache.enabled() && protocol::is_cacheable_method(m)) && m != "server/discover"
+        })
         && core.auth.policy(ctx.principal.as_deref()).is_none()
 }
 
@@ -562,7 +571,11 @@ async fn answer(
         }
         _ => {
             let sent = StdInstant::now();
-            let reply = call_backend(ctx, backend, req, env).await;
+            let reply = if shared_upstream(backend) {
+                cancellable(core, ctx, backend, req, env).await
+            } else {
+                call_backend(ctx, None, backend, req, env).await
+            };
             ctx.upstream_since(sent);
             backend.resilience.record_result(&reply);
             if env.method == "tools/list"
@@ -578,10 +591,45 @@ async fn answer(
     }
 }
 
-/// Step 7 on the message path: initialize-era backends through the bridge, modern ones
-/// forwarded.
+/// Step 7 on a shared upstream: a request is registered under its client's scope for the
+/// time it is in flight, so the client's `notifications/cancelled` drops it (and the
+/// transport tells the server, with the id the server saw); a cancel is looked up there and
+/// never forwarded.
+async fn cancellable(
+    core: &Core,
+    ctx: &RequestCtx,
+    backend: &Arc<Backend>,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+) -> Result<Reply, GatewayError> {
+    let owner = owner_of(ctx, req.headers, env);
+    match (env.kind, &env.id) {
+        (Kind::Request, Some(id)) => {
+            let (registration, mut cancelled) = core.calls.register(owner.scope, id.clone());
+            let call = call_backend(ctx, Some(&owner), backend, req, env);
+            tokio::select! {
+                reply = call => {
+                    reply.map(|r| until_cancelled(r, registration, cancelled))
+                }
+                _ = &mut cancelled => Err(GatewayError::Cancelled),
+            }
+        }
+        (Kind::Notification, _) if env.method == "notifications/cancelled" => {
+            if let Some(id) = cancelled_id(&req.body) {
+                let n = core.calls.cancel(owner.scope, &id);
+                tracing::debug!(backend = %backend.name, id = id.json(), found = n, "client cancelled a request");
+            }
+            Ok(Reply::accepted())
+        }
+        _ => call_backend(ctx, Some(&owner), backend, req, env).await,
+    }
+}
+
+/// Step 7 on the message path: initialize-era backends through the bridge (in the owner's
+/// upstream session: `owner_of` when not given), modern ones forwarded.
 async fn call_backend(
     ctx: &RequestCtx,
+    owner: Option<&Arc<bridge::Owner>>,
     backend: &Arc<Backend>,
     req: &StepRequest<'_>,
     env: &Envelope,
@@ -589,10 +637,15 @@ async fn call_backend(
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Legacy {
         let team = team_headers(ctx, backend);
+        let owner = match owner {
+            Some(o) => o.clone(),
+            None => owner_of(ctx, req.headers, env),
+        };
         let bridged = match &ctx.trace {
             None => {
                 bridge::call(
                     backend,
+                    &owner,
                     &env.method,
                     env.id.as_ref(),
                     &req.body,
@@ -602,7 +655,7 @@ async fn call_backend(
                 )
                 .await
             }
-            Some(trace) => Box::pin(bridge_traced(trace, backend, req, env, team)).await,
+            Some(trace) => Box::pin(bridge_traced(trace, backend, &owner, req, env, team)).await,
         };
         match bridged? {
             bridge::Bridged::Answer(reply) => return Ok(reply),
@@ -619,6 +672,7 @@ async fn call_backend(
 async fn bridge_traced(
     trace: &Trace,
     backend: &Arc<Backend>,
+    owner: &bridge::Owner,
     req: &StepRequest<'_>,
     env: &Envelope,
     team: &[(HeaderName, HeaderValue)],
@@ -628,6 +682,7 @@ async fn bridge_traced(
     extra.push((TRACEPARENT, span.traceparent()));
     let r = bridge::call(
         backend,
+        owner,
         &env.method,
         env.id.as_ref(),
         &req.body,
@@ -703,7 +758,7 @@ async fn cached(
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry || !keyed, || async {
             let sent = StdInstant::now();
-            let reply = call_backend(shared, backend, req, env).await;
+            let reply = call_backend(shared, None, backend, req, env).await;
             backend.resilience.record_result(&reply);
             upstream_us.store(
                 sent.elapsed().as_micros() as u64,
@@ -882,6 +937,95 @@ fn filter_tools_reply(reply: Reply, filter: &ToolFilter, exposure: Exposure<'_>)
     };
     Reply { messages, ..reply }
 }
+
+/// Whose upstream session a request uses, and whose calls its cancel may reach: the legacy
+/// client's own session, or the authorization context (principal or credential digest, and
+/// team) with the declared capabilities (`bridge::owner`).
+pub fn owner_of(ctx: &RequestCtx, headers: &HeaderMap, env: &Envelope) -> Arc<bridge::Owner> {
+    if let Some(o) = &ctx.client {
+        return o.clone();
+    }
+    let principal = ctx.principal.as_deref();
+    let mut context = match auth::partition(principal, headers) {
+        Partition::Anonymous => b"anonymous".to_vec(),
+        Partition::Credential(d) => [b"credential:".as_slice(), &d].concat(),
+        Partition::Principal(p) => [b"principal:".as_slice(), p.as_bytes()].concat(),
+    };
+    if let Some(team) = principal.and_then(|p| p.team.as_deref()) {
+        context.extend_from_slice(b"\0team:");
+        context.extend_from_slice(team.as_bytes());
+    }
+    Arc::new(bridge::Owner::client(
+        &context,
+        env.client_capabilities.as_deref(),
+        env.client_info.as_deref(),
+    ))
+}
+
+/// Whether requests to `backend` travel on a shared upstream whose ids portico rewrites (a
+/// legacy session, a stdio child): where a client's cancel must be mapped to its own call.
+fn shared_upstream(backend: &Backend) -> bool {
+    match backend.upstream {
+        Upstream::Stdio(_) => true,
+        Upstream::Http(_) => backend.verdict() != Verdict::Modern,
+        Upstream::Builtin(_) => false,
+    }
+}
+
+/// A client's `notifications/cancelled`: the `requestId` it names, in its own id space.
+fn cancelled_id(body: &[u8]) -> Option<RequestId> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    RequestId::from_value(v.get("params")?.get("requestId")?)
+}
+
+/// Ends a reply's stream when its client cancels the call; the registration leaves with it.
+fn until_cancelled(
+    reply: Reply,
+    registration: calls::Registration,
+    cancelled: tokio::sync::oneshot::Receiver<()>,
+) -> Reply {
+    use futures_util::StreamExt;
+    match reply.messages {
+        MessageStream::Many(s) => Reply {
+            messages: MessageStream::Many(
+                s.take_until(cancelled)
+                    .map(move |m| {
+                        let _held = &registration;
+                        m
+                    })
+                    .boxed(),
+            ),
+            ..reply
+        },
+        _ => reply,
+    }
+}
+
+/// `server/discover` through portico advertises the versions portico serves on every URL —
+/// the ones `-32022` lists (`frontend`): 2026-07-28 for stateless requests, the
+/// initialize-era ones through `initialize` (docs/protocol.md §5; digest §8 item 18).
+fn portico_versions(reply: Reply) -> Reply {
+    let MessageStream::One(msg) = &reply.messages else {
+        return reply;
+    };
+    let Ok(mut v) = serde_json::from_slice::<Value>(msg) else {
+        return reply;
+    };
+    let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
+        return reply;
+    };
+    let supported = serde_json::json!(protocol::SUPPORTED_VERSIONS);
+    if result.get("supportedVersions") == Some(&supported) {
+        return reply;
+    }
+    result.insert("supportedVersions".into(), supported);
+    Reply {
+        messages: MessageStream::One(Bytes::from(v.to_string())),
+        ..reply
+    }
+}
+
+pub mod calls;
 
 #[cfg(test)]
 mod tests;
