@@ -1,6 +1,6 @@
 //! One configured backend and the state portico keeps about it: how it is reached (the
 //! transport), what era it speaks (the probe verdict), its health, breaker and limits, and the
-//! data of its upstream initialize-era session. Data only: the behaviour lives above — the
+//! data of its upstream initialize-era sessions (one per client, pooled). Data only: the behaviour lives above — the
 //! bridge (`bridge`) drives the session, the checker (`health`) writes the health, the
 //! per-backend step (`step`) admits requests.
 //!
@@ -13,10 +13,11 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::config::{BackendConfig, Protocol};
+use crate::pool::Pool;
 use crate::resilience::Resilience;
 use crate::upstream::demo::Demo;
 use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
@@ -101,7 +102,7 @@ impl Backend {
             upstream,
             verdict: AtomicU8::new(verdict as u8),
             timeout: Duration::from_millis(cfg.timeout_ms),
-            bridge: Default::default(),
+            bridge: BridgeState::new(cfg),
             health: Default::default(),
             resilience: Resilience::new(cfg),
             team_headers,
@@ -187,11 +188,13 @@ impl Health {
 pub struct BridgeState {
     /// One probe at a time per backend.
     pub(crate) probe_lock: tokio::sync::Mutex<()>,
-    /// The upstream legacy session, once initialized.
-    pub(crate) session: ArcSwapOption<LegacySession>,
-    /// One `initialize` at a time per backend.
-    pub(crate) init_lock: tokio::sync::Mutex<()>,
-    /// Gateway-unique request ids and progress tokens within the upstream session.
+    /// The upstream legacy sessions, one per owner (a client's authorization context and
+    /// declared capabilities, a legacy-client session, or portico itself), capped and reaped
+    /// when idle (`crate::pool`).
+    pub(crate) pool: Pool<SessionSlot>,
+    /// Whether the idle reaper of `pool` runs (started with the first session).
+    pub(crate) reaper: AtomicBool,
+    /// Gateway-unique request ids and progress tokens within the upstream sessions.
     pub(crate) next_id: AtomicU64,
     /// Session-wide messages of an HTTP legacy session (its standalone GET stream, read by
     /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
@@ -199,19 +202,20 @@ pub struct BridgeState {
     pub(crate) notes: tokio::sync::broadcast::Sender<Bytes>,
 }
 
-impl Default for BridgeState {
-    fn default() -> Self {
+impl BridgeState {
+    pub fn new(cfg: &BackendConfig) -> BridgeState {
         BridgeState {
             probe_lock: Default::default(),
-            session: Default::default(),
-            init_lock: Default::default(),
+            pool: Pool::new(
+                cfg.max_upstream_sessions,
+                Duration::from_millis(cfg.upstream_idle_ms),
+            ),
+            reaper: AtomicBool::new(false),
             next_id: Default::default(),
             notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
         }
     }
-}
 
-impl BridgeState {
     /// Publishes one session-wide message from the upstream GET stream (cheap without
     /// subscribers).
     pub fn publish(&self, message: &Bytes) {
@@ -225,10 +229,24 @@ impl BridgeState {
         self.notes.subscribe()
     }
 
-    /// Whether an upstream legacy session is open (for the metrics gauge).
-    pub fn has_session(&self) -> bool {
-        self.session.load().is_some()
+    /// Upstream legacy sessions open now (for the metrics gauge and the status page).
+    pub fn session_count(&self) -> usize {
+        self.pool.len()
     }
+}
+
+/// One owner's upstream session: initialized on first use, re-made when lost.
+pub struct SessionSlot {
+    /// The session, once initialized.
+    pub session: ArcSwapOption<LegacySession>,
+    /// One `initialize` at a time per slot.
+    pub init_lock: tokio::sync::Mutex<()>,
+    /// The owner's own stdio child (`isolation = "per_client"`); `None`: the backend's
+    /// transport (HTTP, or the shared / portico-own child).
+    pub child: Option<Arc<StdioUpstream>>,
+    /// An upstream session another replica opened for this owner (sealed in a legacy
+    /// client's session id): adopted instead of a fresh `initialize`, once.
+    pub adopt: Mutex<Option<(HeaderValue, HeaderValue)>>,
 }
 
 /// An initialized upstream session.
@@ -241,4 +259,6 @@ pub struct LegacySession {
     pub init: Value,
     /// stdio child generation the session belongs to (0 for HTTP).
     pub generation: u64,
+    /// The owner's own stdio child the session lives in; `None`: the backend's transport.
+    pub child: Option<Arc<StdioUpstream>>,
 }

@@ -40,6 +40,12 @@ pub const DEFAULT_MAX_LINE_BYTES: usize = 4 * 1024 * 1024;
 pub const DEFAULT_MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_DEBOUNCE_MS: u64 = 200;
 pub const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 256;
+/// Upstream sessions (HTTP sessions, or stdio children under `isolation = "per_client"`) one
+/// initialize-era backend keeps open for clients at once; beyond it the least recently used
+/// is closed.
+pub const DEFAULT_MAX_UPSTREAM_SESSIONS: usize = 64;
+/// An upstream session unused this long is closed (its client's next request opens a new one).
+pub const DEFAULT_UPSTREAM_IDLE_MS: u64 = 10 * 60 * 1000;
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_READY_MIN_BACKENDS: usize = 1;
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 10_000;
@@ -381,6 +387,20 @@ pub enum CacheScope {
     Private,
 }
 
+/// How a stdio backend's children are shared between clients (one child is one session).
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// One child per authorization context (initialize-era server) or legacy-client session:
+    /// no client sees another's session state.
+    #[default]
+    PerClient,
+    /// One child for everyone: only for servers known to keep no per-session state.
+    Shared,
+}
+
 /// `[[backends]]`: one upstream MCP server, served at `/mcp/<name>`.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -459,6 +479,23 @@ pub struct BackendConfig {
     /// Period of the active health probe (`server/discover`). 0 = no probe.
     #[serde(default)]
     pub health_interval_ms: u64,
+    /// stdio only: `"per_client"` (default; a child per authorization context or legacy-client
+    /// session of an initialize-era server) or `"shared"` (one child; stateless servers only).
+    pub isolation: Option<Isolation>,
+    /// Upstream sessions open at once for clients of an initialize-era backend (HTTP sessions,
+    /// or stdio children under `per_client`); beyond it the least recently used is closed.
+    #[serde(default = "default_max_upstream_sessions")]
+    pub max_upstream_sessions: usize,
+    /// An upstream session (or per-client stdio child) unused this long is closed.
+    #[serde(default = "default_upstream_idle_ms")]
+    pub upstream_idle_ms: u64,
+}
+
+impl BackendConfig {
+    /// The stdio isolation in effect (`per_client` unless configured `shared`).
+    pub fn isolation(&self) -> Isolation {
+        self.isolation.unwrap_or_default()
+    }
 }
 
 impl BackendConfig {
@@ -703,6 +740,12 @@ fn default_debounce_ms() -> u64 {
 fn default_max_idle_connections() -> usize {
     DEFAULT_MAX_IDLE_CONNECTIONS
 }
+fn default_max_upstream_sessions() -> usize {
+    DEFAULT_MAX_UPSTREAM_SESSIONS
+}
+fn default_upstream_idle_ms() -> u64 {
+    DEFAULT_UPSTREAM_IDLE_MS
+}
 fn default_sampling_ratio() -> f64 {
     DEFAULT_SAMPLING_RATIO
 }
@@ -866,6 +909,21 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
         }
         if b.max_answer_bytes == 0 {
             return Err(invalid(key("max_answer_bytes"), "must be greater than 0"));
+        }
+        if b.max_upstream_sessions == 0 {
+            return Err(invalid(
+                key("max_upstream_sessions"),
+                "must be greater than 0",
+            ));
+        }
+        if b.upstream_idle_ms == 0 {
+            return Err(invalid(key("upstream_idle_ms"), "must be greater than 0"));
+        }
+        if b.isolation.is_some() && b.command.is_none() {
+            return Err(invalid(
+                key("isolation"),
+                "only stdio backends (command) have an isolation; HTTP sessions are always per client",
+            ));
         }
         for (name, value) in b.headers.iter_mut() {
             http::HeaderName::from_bytes(name.as_bytes())

@@ -88,6 +88,10 @@ pub enum GatewayError {
     },
     #[error("Resource not found: {uri}")]
     ResourceNotFound { uri: String },
+    /// The client cancelled the request (`notifications/cancelled`); the answer it no longer
+    /// waits for still has to close the HTTP exchange.
+    #[error("Request cancelled by the client")]
+    Cancelled,
     /// A response stream ran into `[server] max_stream_ms` and was ended by portico.
     #[error("response stream ended after {max_ms} ms (server.max_stream_ms); re-issue the request")]
     StreamLimit { max_ms: u64 },
@@ -104,6 +108,7 @@ impl GatewayError {
             BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             OriginForbidden => StatusCode::FORBIDDEN,
             NoRoute { .. } | MethodNotFound(_) | SessionNotFound => StatusCode::NOT_FOUND,
+            Cancelled => StatusCode::OK,
             BodyRead(_)
             | Parse(_)
             | Batch
@@ -146,6 +151,7 @@ impl GatewayError {
             | RateLimited { .. } => code::INVALID_REQUEST,
             // What the TypeScript SDK sends; legacy clients re-initialize on the 404 itself.
             SessionNotFound => code::SESSION_NOT_FOUND,
+            Cancelled => code::REQUEST_CANCELLED,
             BadRequest(_) => code::SERVER_ERROR,
             BackendUnreachable { .. }
             | BackendTimeout { .. }
@@ -191,6 +197,7 @@ impl GatewayError {
             NameCollision { .. } => "name_collision",
             ResourceNotFound { .. } => "resource_not_found",
             StreamLimit { .. } => "stream_limit",
+            Cancelled => "cancelled",
         }
     }
 

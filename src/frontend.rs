@@ -12,6 +12,7 @@
 //! whose body says otherwise.
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::HeaderValue;
 use http::header::{self, HeaderMap, HeaderName};
 use http_body_util::{BodyExt, Limited};
@@ -206,7 +207,9 @@ pub fn origin_allowed(origin: &[u8], allowed: &[String]) -> bool {
 /// per-backend step runs only after the body is in, never an admission slot.
 #[derive(Debug, Clone, Copy)]
 pub struct BodyClock {
-    start: tokio::time::Instant,
+    /// Set by the first read that has to wait: a body that is already in (the usual case, read
+    /// with its head) costs no clock read at all.
+    start: Option<tokio::time::Instant>,
     base: std::time::Duration,
     min_rate: u64,
     /// The longest pause between two reads (`header_read_timeout_ms`).
@@ -214,18 +217,18 @@ pub struct BodyClock {
 }
 
 impl BodyClock {
-    /// Starts now: `base` for any body, plus a second per `min_rate` bytes received, and never
-    /// more than `pause` without a byte.
+    /// `base` for any body, plus a second per `min_rate` bytes received, and never more than
+    /// `pause` without a byte; counted from the first read that has to wait.
     pub fn new(base: std::time::Duration, min_rate: u64, pause: std::time::Duration) -> BodyClock {
         BodyClock {
-            start: tokio::time::Instant::now(),
+            start: None,
             base,
             min_rate: min_rate.max(1),
             pause,
         }
     }
 
-    /// Starts now, with the `[server]` settings.
+    /// With the `[server]` settings.
     pub fn start(cfg: &crate::config::ServerConfig) -> BodyClock {
         BodyClock::new(
             std::time::Duration::from_millis(cfg.body_read_timeout_ms),
@@ -235,12 +238,15 @@ impl BodyClock {
     }
 
     /// The latest the next read may complete, with `received` bytes in: the whole body's
-    /// deadline, or the pause limit from now, whichever is sooner.
-    pub fn deadline(&self, received: usize) -> tokio::time::Instant {
+    /// deadline, or the pause limit from now, whichever is sooner. Call it only when a read
+    /// has to wait (the first call starts the clock).
+    pub fn deadline(&mut self, received: usize) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        let start = *self.start.get_or_insert(now);
         let earned = std::time::Duration::from_millis(
             (received as u64).saturating_mul(1000) / self.min_rate,
         );
-        (self.start + self.base + earned).min(tokio::time::Instant::now() + self.pause)
+        (start + self.base + earned).min(now + self.pause)
     }
 }
 
@@ -250,7 +256,7 @@ pub async fn read_body<B>(
     body: B,
     headers: &HeaderMap,
     limit: usize,
-    clock: BodyClock,
+    mut clock: BodyClock,
 ) -> Result<Bytes, GatewayError>
 where
     B: http_body::Body<Data = Bytes>,
@@ -272,11 +278,15 @@ where
     let mut rest: Option<bytes::BytesMut> = None;
     loop {
         let received = rest.as_ref().map_or(first.len(), |r| r.len());
-        let frame = match tokio::time::timeout_at(clock.deadline(received), body.frame()).await {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
-            Err(_) => return Err(GatewayError::BodyTimeout),
+        // A frame that is already there needs no deadline (nor a clock read).
+        let next = match body.frame().now_or_never() {
+            Some(next) => next,
+            None => match tokio::time::timeout_at(clock.deadline(received), body.frame()).await {
+                Ok(next) => next,
+                Err(_) => return Err(GatewayError::BodyTimeout),
+            },
         };
+        let Some(frame) = next else { break };
         let frame = match frame {
             Ok(f) => f,
             Err(e) if too_large(&e) => return Err(GatewayError::BodyTooLarge { limit }),

@@ -270,7 +270,9 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
         return Ended::Unsupported("not HTTP".into());
     };
     let deadline = Instant::now() + STREAM_LIFETIME;
-    let session = match bridge::session(backend, Instant::now() + backend.timeout).await {
+    // portico's own session: the watcher is nobody's client.
+    let own = bridge::Owner::portico();
+    let session = match bridge::session(backend, &own, Instant::now() + backend.timeout).await {
         Ok(s) => s,
         Err(e) => return Ended::Failed(e.to_string()),
     };
@@ -310,8 +312,15 @@ async fn stdio_notifications(
     s: &Arc<crate::upstream::stdio::StdioUpstream>,
 ) -> Ended {
     let mut rx = s.subscribe();
+    // Per-client children (`isolation = "per_client"`) announce their changes through the
+    // bridge; any of them may mean the backend's lists changed.
+    let mut children = backend.bridge.subscribe();
     loop {
-        match rx.recv().await {
+        let next = tokio::select! {
+            m = rx.recv() => m,
+            m = children.recv() => m,
+        };
+        match next {
             Ok(msg) => {
                 apply(cache, &backend.name, &msg);
             }

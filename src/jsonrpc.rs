@@ -20,6 +20,10 @@ pub mod code {
     pub const SERVER_ERROR: i64 = -32000;
     /// Legacy "session not found" (TypeScript SDK).
     pub const SESSION_NOT_FOUND: i64 = -32001;
+    /// The answer to a request its client cancelled. MCP defines no code (a cancelled request
+    /// gets no answer on stdio; the client ignores one): this is LSP's, outside the ranges
+    /// JSON-RPC and MCP reserve.
+    pub const REQUEST_CANCELLED: i64 = -32800;
 }
 
 // === JSON-RPC request ids ===

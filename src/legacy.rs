@@ -7,6 +7,13 @@
 //! same dispatch as a modern request, whatever the backend speaks; the answer is translated
 //! back into the shape the client's revision expects.
 //!
+//! Each session has its own upstream sessions on initialize-era backends (`bridge::Owner`):
+//! opened at `initialize` with the client's capabilities and clientInfo, sealed into its id
+//! (HTTP) so another replica continues them, closed on `DELETE` or when idle/expired.
+//! `DELETE` revokes the session on every replica (through Redis when configured); a revoked or
+//! expired id → 404, while an unknown method in a live session → 200 with `-32601`.
+//! `notifications/cancelled` cancels the client's own call (`step::calls`).
+//!
 //! What legacy clients do not get: the GET stream (405, which the spec allows), server-initiated
 //! requests, and `input_required` results (refused with an error naming the reason).
 
@@ -16,7 +23,11 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
+use crate::backend::Backend;
 use crate::body::{Body, json_response, render};
+use crate::bridge;
 use crate::error::GatewayError;
 use crate::frontend::{self, Head};
 use crate::protocol::{
@@ -59,10 +70,85 @@ pub async fn serve(
             "Mcp-Session-Id header is required: start the session with initialize".into(),
         ));
     };
+    let session = live_session(core, ctx, sid, path).await?;
+    ctx.client = Some(owner_of(sid, &session));
+    // From here the session is live: the only 404 its client may see is the session's end,
+    // which the SDKs read as "start over" — so an unknown method is 200 + -32601.
+    match in_session(
+        core, ctx, route, headers, head, &env, body, &session, deadline,
+    )
+    .await
+    {
+        Ok(mut resp) => {
+            if resp.status() == StatusCode::NOT_FOUND {
+                *resp.status_mut() = StatusCode::OK;
+            }
+            Ok(resp)
+        }
+        Err(e) if e.status() == StatusCode::NOT_FOUND => {
+            ctx.error = Some(e.reason());
+            let body = e.to_message(env.id.as_ref());
+            Ok(json_response(StatusCode::OK, Bytes::from(body)))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The session `sid` names, when it opens for this caller on this endpoint and has not been
+/// ended (`DELETE`, on any replica: the revocation set, shared through Redis).
+async fn live_session(
+    core: &Core,
+    ctx: &RequestCtx,
+    sid: &str,
+    path: &str,
+) -> Result<SessionData, GatewayError> {
     let session = core
         .sessions
         .open(sid, path, principal_id(ctx))
         .ok_or(GatewayError::SessionNotFound)?;
+    let revocation = revocation_key(sid, &session);
+    if core.sessions.is_revoked(&revocation) {
+        return Err(GatewayError::SessionNotFound);
+    }
+    if core.cache.session_revoked(&revocation).await {
+        core.sessions.revoke(revocation, session.exp);
+        return Err(GatewayError::SessionNotFound);
+    }
+    Ok(session)
+}
+
+/// What names a session in the revocation set (never the id itself, which is a bearer token).
+fn revocation_key(sid: &str, session: &SessionData) -> [u8; 32] {
+    bridge::digest(b"portico/revoked-session", &[session.name(sid)])
+}
+
+/// The upstream-session owner of a legacy client's session: the session itself, with what
+/// its client declared at `initialize` and the upstream sessions sealed into its id.
+fn owner_of(sid: &str, session: &SessionData) -> Arc<bridge::Owner> {
+    let mut owner = bridge::Owner::legacy_client(
+        session.name(sid),
+        &session.v,
+        &session.caps,
+        session.info.as_ref(),
+        session.exp,
+    );
+    owner.sealed = session.up.clone();
+    Arc::new(owner)
+}
+
+/// A request or notification within a live session.
+#[allow(clippy::too_many_arguments)]
+async fn in_session(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    headers: &HeaderMap,
+    head: Head<'_>,
+    env: &protocol::Envelope,
+    body: Bytes,
+    session: &SessionData,
+    deadline: Instant,
+) -> Result<Response<Body>, GatewayError> {
     if let Some(v) = &head.version
         && *v != session.v
     {
@@ -72,6 +158,23 @@ pub async fn serve(
         )));
     }
     let Some(id) = env.id.clone() else {
+        if env.method == "notifications/cancelled"
+            && let Some(owner) = &ctx.client
+        {
+            // The client's own call (by its own id), wherever it went: dropping it tells the
+            // server with the id the server saw (`step::calls`).
+            if let Some(target) = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| RequestId::from_value(&v["params"]["requestId"]))
+            {
+                let n = core.calls.cancel(owner.scope, &target);
+                tracing::debug!(
+                    id = target.json(),
+                    found = n,
+                    "legacy client cancelled a request"
+                );
+            }
+        }
         // notifications/initialized, cancelled, or answers to server requests (portico sends
         // none): accepted.
         return Ok(accepted());
@@ -86,7 +189,7 @@ pub async fn serve(
         }
         _ => {}
     }
-    let modern_body = modernize(&body, &session)?;
+    let modern_body = modernize(&body, session)?;
     let modern_env = protocol::parse_envelope(&modern_body).map_err(frontend::envelope_error)?;
     let reply = dispatch(
         core,
@@ -108,21 +211,45 @@ pub async fn serve(
     .await)
 }
 
-/// `DELETE` with a session id ends the session. Ids are self-contained, so there is nothing to
-/// forget; the client is told it worked when the id is ours.
-pub fn delete(
+/// The backends a route reaches (one, or an endpoint's members).
+fn backends(route: &Route) -> Vec<Arc<Backend>> {
+    match route {
+        Route::Backend(b) => vec![b.clone()],
+        Route::Endpoint(ep) => ep.members.iter().map(|m| m.backend.clone()).collect(),
+    }
+}
+
+/// `DELETE` with a session id ends the session on every replica: it is revoked (here, and
+/// through Redis when configured, until its expiry) and its upstream sessions are closed. A
+/// revoked or unknown id → 404.
+pub async fn delete(
     core: &Core,
     ctx: &RequestCtx,
     path: &str,
+    route: &Route,
     headers: &HeaderMap,
 ) -> Result<Response<Body>, GatewayError> {
     let head = Head::read(headers);
     let Some(sid) = head.session else {
         return Err(GatewayError::MethodNotAllowed);
     };
-    core.sessions
-        .open(sid, path, principal_id(ctx))
-        .ok_or(GatewayError::SessionNotFound)?;
+    let session = live_session(core, ctx, sid, path).await?;
+    let revocation = revocation_key(sid, &session);
+    core.sessions.revoke(revocation, session.exp);
+    let ttl_ms = session.exp.saturating_sub(crate::pool::unix_ms());
+    if core.cache.shares_revocations() && !core.cache.revoke_session(&revocation, ttl_ms).await {
+        tracing::warn!(
+            "a legacy-client session ended here could not be recorded in redis; other replicas \
+             accept it until it expires"
+        );
+    }
+    let owner = owner_of(sid, &session);
+    futures_util::future::join_all(
+        backends(route)
+            .iter()
+            .map(|b| bridge::close_owner(b, &owner)),
+    )
+    .await;
     let mut resp = Response::new(Body::Empty);
     *resp.status_mut() = StatusCode::OK;
     Ok(resp)
@@ -177,6 +304,10 @@ async fn initialize(
     let info = params.get("clientInfo").filter(|i| i.is_object()).cloned();
     let mut session = core.sessions.data(version, caps, info, path);
     session.pr = principal_id(ctx).map(String::from);
+    // The client's own upstream sessions start now, with what it declared: the discover below
+    // runs in them, and the ones another replica could continue are sealed into its id.
+    let owner = owner_of("", &session);
+    ctx.client = Some(owner.clone());
     // Describe the backend from its discover result (cached like any other discover).
     let discover = modernize(
         br#"{"jsonrpc":"2.0","id":"portico-initialize","method":"server/discover","params":{}}"#,
@@ -215,6 +346,19 @@ async fn initialize(
     });
     if let Some(i) = d.get("instructions") {
         init["instructions"] = i.clone();
+    }
+    for b in backends(route) {
+        if b.verdict() != crate::backend::Verdict::Legacy {
+            continue;
+        }
+        match bridge::open(&b, &owner, deadline).await {
+            Ok(Some((id, v))) => session.up.push((b.name.to_string(), id, v)),
+            Ok(None) => {}
+            // Not fatal: the session opens on first use (on whichever replica that is).
+            Err(e) => {
+                tracing::info!(backend = %b.name, error = %e, "upstream session not opened at initialize")
+            }
+        }
     }
     let sid = core.sessions.mint(&session);
     let mut resp = result(id, init);

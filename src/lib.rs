@@ -38,6 +38,7 @@ pub mod merge;
 pub mod metrics;
 pub mod param_headers;
 pub mod policy;
+pub mod pool;
 pub mod protocol;
 pub mod proxy;
 pub mod reload;

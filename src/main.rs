@@ -16,7 +16,8 @@ use portico::config::{self, LogFormat};
 
 /// mimalloc instead of glibc malloc: the request path allocates a few dozen small objects per
 /// request (header maps, buffers, futures) and glibc's allocator showed up at ~8 % of portico's
-/// CPU in profiles; mimalloc's thread-local free lists make those allocations cheap.
+/// CPU in profiles; mimalloc's thread-local free lists make those allocations cheap. Built with
+/// `no_thp` (Cargo.toml says why).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

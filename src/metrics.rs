@@ -323,7 +323,7 @@ impl Metrics {
         );
         let tool_duration = histogram_vec(
             "portico_tool_call_duration_seconds",
-            "tools/call time through the per-backend step until the answer head, by backend \
+            "tools/call time from the request's arrival until the answer head, by backend \
              and tool (a listed name, else \"other\").",
             &["backend", "tool"],
         );

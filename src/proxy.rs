@@ -113,7 +113,9 @@ where
     // 2. front-end rules
     match parts.method {
         Method::POST => {}
-        Method::DELETE => return legacy::delete(state, ctx, path, &parts.headers),
+        Method::DELETE => {
+            return Box::pin(legacy::delete(state, ctx, path, route, &parts.headers)).await;
+        }
         _ => return Err(GatewayError::MethodNotAllowed),
     }
     frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
@@ -187,7 +189,10 @@ async fn modern(
         }
         let req = StepRequest {
             headers,
-            message: Message::Unread { method },
+            message: Message::Unread {
+                method,
+                name: mh.name,
+            },
             body: body.clone(),
             exposure: Exposure::DIRECT,
             deadline,

@@ -10,7 +10,8 @@
 //! session, opening a session costs one AEAD decryption (~1 µs).
 //!
 //! A tampered, expired or foreign id fails to open, and the client gets 404 so it starts over
-//! with `initialize`, as the spec says.
+//! with `initialize`, as the spec says. So does a revoked one: `DELETE` ends a session by
+//! recording its nonce (here, and in Redis for the other replicas) until the id expires.
 
 use base64::Engine;
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
@@ -44,6 +45,25 @@ pub struct SessionData {
     pub pr: Option<String>,
     /// Expiry, milliseconds since the Unix epoch.
     pub exp: u64,
+    /// A random nonce naming this session (base64): its upstream sessions and its revocation
+    /// are keyed by it. Empty in ids minted before it existed (then the id itself names it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub n: String,
+    /// Upstream sessions opened for this session at its `initialize`, so any replica can
+    /// continue them: `(backend, upstream Mcp-Session-Id, negotiated revision)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub up: Vec<(String, String, String)>,
+}
+
+impl SessionData {
+    /// The bytes naming this session (its nonce; for an older id without one, the id).
+    pub fn name<'a>(&'a self, id: &'a str) -> &'a [u8] {
+        if self.n.is_empty() {
+            id.as_bytes()
+        } else {
+            self.n.as_bytes()
+        }
+    }
 }
 
 pub struct Sessions {
@@ -53,6 +73,9 @@ pub struct Sessions {
     pub cursor_key: ring::hmac::Key,
     rng: SystemRandom,
     pub ttl: Duration,
+    /// Sessions ended by `DELETE` on this replica (digest → expiry, Unix ms); the Redis tier
+    /// tells the other replicas (`legacy::delete`).
+    revoked: std::sync::Mutex<std::collections::HashMap<[u8; 32], u64>>,
 }
 
 fn now_ms() -> u64 {
@@ -125,6 +148,7 @@ impl Sessions {
             cursor_key,
             rng,
             ttl: Duration::from_millis(cfg.ttl_ms),
+            revoked: Default::default(),
         }
     }
 
@@ -159,6 +183,10 @@ impl Sessions {
     /// New session data for a client that just initialized on `path` (anonymous; set `pr` for
     /// an authenticated caller).
     pub fn data(&self, version: &str, caps: Value, info: Option<Value>, path: &str) -> SessionData {
+        let mut nonce = [0u8; 16];
+        if self.rng.fill(&mut nonce).is_err() {
+            nonce[..8].copy_from_slice(&now_ms().to_le_bytes());
+        }
         SessionData {
             v: version.to_string(),
             caps,
@@ -166,7 +194,24 @@ impl Sessions {
             path: path.to_string(),
             pr: None,
             exp: now_ms().saturating_add(self.ttl.as_millis() as u64),
+            n: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(nonce),
+            up: Vec::new(),
         }
+    }
+
+    /// Records that the session `digest` names was ended, until its expiry `exp` (Unix ms).
+    pub fn revoke(&self, digest: [u8; 32], exp: u64) {
+        let now = now_ms();
+        let mut r = self.revoked.lock().unwrap_or_else(|e| e.into_inner());
+        // Expired ones are refused by `open` anyway: forget them as new ones come.
+        r.retain(|_, e| *e > now);
+        r.insert(digest, exp);
+    }
+
+    /// Whether this replica saw the session `digest` names end.
+    pub fn is_revoked(&self, digest: &[u8; 32]) -> bool {
+        let r = self.revoked.lock().unwrap_or_else(|e| e.into_inner());
+        r.get(digest).is_some_and(|e| *e > now_ms())
     }
 
     /// Opens an id presented by `principal` (`None`: anonymous): `None` when it was tampered

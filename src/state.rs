@@ -82,6 +82,7 @@ impl State {
                 cache,
                 watchers: invalidation::Watchers::default(),
                 auth,
+                calls: Default::default(),
             },
             routes,
             generation,
@@ -165,7 +166,7 @@ impl State {
                         Upstream::Stdio(s) => Some(s.restarts()),
                         _ => None,
                     },
-                    legacy_sessions: u64::from(b.bridge.has_session()),
+                    legacy_sessions: b.bridge.session_count() as u64,
                 })
                 .collect(),
             cache: self.cache.stats(),

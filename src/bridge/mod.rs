@@ -10,13 +10,16 @@
 //!   probe clock is not moved to "child ready" instead: the child is spawned by the probe
 //!   itself (so the clock already starts at spawn), and a modern server writes nothing before
 //!   its answer, so there is no earlier readiness signal to wait for.
-//! - **One upstream session per backend**: portico runs `initialize` once, keeps the session id,
-//!   and multiplexes every client request over it, rewriting JSON-RPC ids and progress tokens so
-//!   requests from different clients never collide inside the session (legacy ids must be unique
-//!   within a session; clients all start at 1). A lost session (HTTP 404 to a request carrying
-//!   the session id, not answering it) is re-initialized and the request retried once; no
-//!   error code or message text ever causes a resend ([`session_lost`]).
-//! - **stdio**: the session is the child process. Every bridged call is pinned to the child
+//! - **An upstream session per client** (`owner`, `session`): never shared across
+//!   authorization contexts or legacy-client sessions, opened with the client's own
+//!   capabilities and clientInfo, pooled per backend (`max_upstream_sessions`, LRU) and closed
+//!   when idle. Requests of one owner share its session, so JSON-RPC ids and progress tokens
+//!   are still rewritten to gateway-unique ones (legacy ids must be unique within a session;
+//!   clients all start at 1). A lost session (HTTP 404 to a request carrying the session id,
+//!   not answering it) is re-initialized and the request retried once; no error code or
+//!   message text ever causes a resend ([`session_lost`]).
+//! - **stdio**: the session is the child process — one per owner under `isolation =
+//!   "per_client"`, one for all under `"shared"`. Every bridged call is pinned to the child
 //!   generation the session was initialized on; a call that meets a restarted child is refused
 //!   by the transport before it is written (`UpstreamError::Restarted`), so portico
 //!   re-initializes and retries it once. Server-initiated requests never reach the bridge there:
@@ -25,25 +28,36 @@
 //!   back get `resultType`, `ttlMs`/`cacheScope` (from config, default private), serverInfo, and
 //!   `-32002` becomes `-32602`.
 //! - **Cancellation**: a legacy server does not treat a closed stream as cancellation, so when
-//!   the client goes away portico sends `notifications/cancelled` with the upstream request id.
+//!   the client goes away (or cancels: the step drops the call) portico sends
+//!   `notifications/cancelled` with the *upstream* request id, in the client's own session. A
+//!   client's own `notifications/cancelled` is never forwarded: its id is in the client's id
+//!   space, which the session never saw.
 //! - Server-initiated requests a 2026-07-28 client cannot receive (sampling, elicitation, roots)
-//!   are answered with an error so the server never hangs; `ping` is answered.
+//!   are answered with an error so the server never hangs; `ping` is answered. Relaying them
+//!   later needs no new bookkeeping of who asked: a request arrives on the stream of one call
+//!   ([`translate`]'s `Mapping`: the client's id), inside one owner's session (`Owner`, held by
+//!   the call's `CancelGuard` slot), and on stdio the transport's pending map names the call
+//!   by its gateway id — so the client that owns the call is always known.
 //!
-//! Files: `probe` (era classification, the probe), `session` (the upstream session and its
-//! handshake), `translate` (message translation and cancellation); this file holds the state
-//! and the request entry points ([`call`], `discover`, `send_raw`).
+//! Files: `probe` (era classification, the probe), `owner` (whose session a request uses),
+//! `session` (the per-owner sessions and their handshake), `translate` (message translation
+//! and cancellation); this file holds the request entry points ([`call`], `discover`,
+//! `send_raw`).
 
+mod owner;
 mod probe;
 mod session;
 mod translate;
+
+pub use owner::{Owner, digest};
 
 pub use probe::{
     Classification, classify_http, classify_stdio, ensure_verdict, initialize_refusal_is_modern,
     reprobe,
 };
-pub use session::{close, session};
+pub use session::{close, close_owner, open, session};
 
-use session::{forget_session, on_session_error, session_or_modern};
+use session::{forget_session, on_session_error, session_or_modern, stdio_of};
 use translate::{CancelGuard, Mapping, scope_str, to_legacy, translate};
 
 use bytes::Bytes;
@@ -111,9 +125,14 @@ pub enum Bridged {
 // === Requests ===
 
 /// Answers `server/discover` for a legacy backend from its `InitializeResult`.
-async fn discover(b: &Backend, id: &RequestId, deadline: Instant) -> Result<Bridged, GatewayError> {
-    let s = match session_or_modern(b, deadline).await {
-        Ok(s) => s,
+async fn discover(
+    b: &Arc<Backend>,
+    owner: &Owner,
+    id: &RequestId,
+    deadline: Instant,
+) -> Result<Bridged, GatewayError> {
+    let s = match session_or_modern(b, owner, deadline).await {
+        Ok((_, s)) => s,
         Err(e) => return on_session_error(b, e).await,
     };
     let mut result = json!({
@@ -163,10 +182,13 @@ fn session_lost(
     }
 }
 
-/// Sends one 2026 request to a legacy backend and returns the translated answer, or
-/// `Bridged::Modern` when the backend's `initialize` showed it is not legacy after all.
+/// Sends one 2026 request to a legacy backend, in `owner`'s upstream session, and returns
+/// the translated answer, or `Bridged::Modern` when the backend's `initialize` showed it is
+/// not legacy after all.
+#[allow(clippy::too_many_arguments)]
 pub async fn call(
     b: &Arc<Backend>,
+    owner: &Owner,
     method: &str,
     client_id: Option<&RequestId>,
     body: &Bytes,
@@ -177,7 +199,12 @@ pub async fn call(
     if method == "server/discover"
         && let Some(id) = client_id
     {
-        return discover(b, id, deadline).await;
+        return discover(b, owner, id, deadline).await;
+    }
+    if method == "notifications/cancelled" {
+        // Its requestId is in the client's id space; the step cancels the client's own call
+        // by dropping it, which sends the upstream id (`CancelGuard`).
+        return Ok(Bridged::Answer(Reply::accepted()));
     }
     if method == "subscriptions/listen" {
         return Err(GatewayError::MethodNotFound(
@@ -185,8 +212,8 @@ pub async fn call(
         ));
     }
     for attempt in 0..2 {
-        let s = match session_or_modern(b, deadline).await {
-            Ok(s) => s,
+        let (slot, s) = match session_or_modern(b, owner, deadline).await {
+            Ok(held) => held,
             Err(e) => return on_session_error(b, e).await,
         };
         let upstream_id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -215,6 +242,7 @@ pub async fn call(
             session: s.clone(),
             upstream_id,
             armed: !matches!(b.upstream, Upstream::Stdio(_)),
+            _slot: slot.clone(),
         };
         let reply = match send_raw(b, &s, up_body, client_headers, team, deadline).await {
             Ok(reply) => reply,
@@ -223,7 +251,7 @@ pub async fn call(
             Err(UpstreamError::Restarted) if attempt == 0 => {
                 guard.armed = false;
                 tracing::info!(backend = %b.name, "stdio server restarted; re-initializing");
-                forget_session(b, &s);
+                forget_session(&slot, &s);
                 continue;
             }
             Err(e) => return Err(upstream_err(b, &e)),
@@ -231,7 +259,7 @@ pub async fn call(
         if attempt == 0 && session_lost(b, &s, upstream_id, reply.status, &reply.messages) {
             guard.armed = false;
             tracing::info!(backend = %b.name, "legacy session lost; re-initializing");
-            forget_session(b, &s);
+            forget_session(&slot, &s);
             continue;
         }
         return Ok(Bridged::Answer(translate(reply, mapping, guard)));
@@ -271,7 +299,10 @@ async fn send_raw(
             let req = up.request(&HeaderMap::new(), &extra, body);
             up.call(req, deadline).await
         }
-        Upstream::Stdio(st) => {
+        Upstream::Stdio(_) => {
+            let Some(st) = stdio_of(b, s.child.as_ref()) else {
+                return Err(UpstreamError::Protocol("no stdio child".into()));
+            };
             if crate::protocol::sniff_id(&body).is_none() {
                 st.notify(body).await?;
                 return Ok(Reply::accepted());

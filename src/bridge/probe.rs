@@ -170,7 +170,12 @@ pub fn reprobe(b: &Backend, why: &str) {
     if b.cfg.protocol == crate::config::Protocol::Auto {
         tracing::warn!(backend = %b.name, why, "backend answer contradicts its protocol verdict; re-probing");
         b.set_verdict(Verdict::Unknown);
-        b.bridge.session.store(None);
+        // The sessions belonged to the old verdict; per-client children go with them.
+        for slot in b.bridge.pool.drain() {
+            if let Some(child) = slot.value.child.clone() {
+                tokio::spawn(async move { child.shutdown().await });
+            }
+        }
     }
 }
 

@@ -1,6 +1,8 @@
-//! The upstream legacy session of a backend: `initialize` + `notifications/initialized` once,
-//! shared by every bridged request, re-made when it is lost or the stdio child restarted, and
-//! `DELETE`d on shutdown. An `initialize` refused the way only a 2026-07-28 server refuses it
+//! The upstream legacy sessions of a backend, one per owner (`owner`): `initialize` (with the
+//! owner's capabilities and clientInfo) + `notifications/initialized` on first use, re-made
+//! when lost or the stdio child restarted, `DELETE`d (or their own child stopped) when evicted
+//! at `max_upstream_sessions`, idle for `upstream_idle_ms`, ended by their client, or at
+//! shutdown. An `initialize` refused the way only a 2026-07-28 server refuses it
 //! re-probes the backend ([`flip_to_modern`]).
 
 use bytes::Bytes;
@@ -10,13 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
+use super::owner::Owner;
 use super::probe::{ensure_verdict, initialize_refusal_is_modern, response_of};
 use super::{Bridged, base_headers, collect, upstream_err};
-use crate::backend::LegacySession;
-use crate::backend::{Backend, Verdict};
+use crate::backend::{Backend, LegacySession, SessionSlot, Verdict};
 use crate::error::GatewayError;
-use crate::protocol::portico_info;
-use crate::protocol::{LEGACY_VERSIONS, header as h};
+use crate::pool::{OwnerKey, Slot};
+use crate::protocol::header as h;
 use crate::upstream::stdio::{CallOptions, StdioUpstream};
 use crate::upstream::{Reply, Upstream, UpstreamError};
 
@@ -34,12 +36,19 @@ impl From<GatewayError> for SessionError {
     }
 }
 
-/// The backend's upstream legacy session, initialized on first use (and again when the stdio
-/// child restarted). For callers that cannot switch paths: a server that turns out modern is
-/// re-probed and the call fails; the next request takes the modern path.
-pub async fn session(b: &Backend, deadline: Instant) -> Result<Arc<LegacySession>, GatewayError> {
-    match session_or_modern(b, deadline).await {
-        Ok(s) => Ok(s),
+/// The slot key of portico's own session, and of every owner on a `shared` stdio child.
+const OWN: OwnerKey = [0; 32];
+
+/// `owner`'s upstream legacy session on `b`, initialized on first use (and again when lost or
+/// the stdio child restarted). For callers that cannot switch paths: a server that turns out
+/// modern is re-probed and the call fails; the next request takes the modern path.
+pub async fn session(
+    b: &Arc<Backend>,
+    owner: &Owner,
+    deadline: Instant,
+) -> Result<Arc<LegacySession>, GatewayError> {
+    match session_or_modern(b, owner, deadline).await {
+        Ok((_, s)) => Ok(s),
         Err(SessionError::Failed(e)) => Err(e),
         Err(SessionError::Modern(why)) => {
             let _ = flip_to_modern(b, &why).await;
@@ -51,24 +60,121 @@ pub async fn session(b: &Backend, deadline: Instant) -> Result<Arc<LegacySession
     }
 }
 
-pub(super) async fn session_or_modern(
-    b: &Backend,
+/// Opens `owner`'s session now (an initialize-era client's `initialize`) and returns its
+/// upstream `Mcp-Session-Id` and revision, for sealing into the client's session id; `None`
+/// when there is nothing another replica could use (stdio, a stateless server).
+pub async fn open(
+    b: &Arc<Backend>,
+    owner: &Owner,
     deadline: Instant,
-) -> Result<Arc<LegacySession>, SessionError> {
-    let generation = match &b.upstream {
-        Upstream::Stdio(s) => s.generation(),
-        _ => 0,
-    };
-    if let Some(s) = b.bridge.session.load_full()
-        && s.generation == generation
-    {
-        return Ok(s);
+) -> Result<Option<(String, String)>, GatewayError> {
+    if !matches!(b.upstream, Upstream::Http(_)) {
+        return Ok(None);
     }
-    let _one = b.bridge.init_lock.lock().await;
-    if let Some(s) = b.bridge.session.load_full()
-        && s.generation == generation
+    let s = session(b, owner, deadline).await?;
+    let id = s.id.as_ref().and_then(|v| v.to_str().ok());
+    let version = s.version.to_str().ok();
+    Ok(id.zip(version).map(|(i, v)| (i.to_string(), v.to_string())))
+}
+
+/// The slot an owner's requests use on `b`: its own, or for portico's traffic and on a
+/// `shared` stdio child the one slot everybody shares.
+fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
+    let shared_child = matches!(b.upstream, Upstream::Stdio(_))
+        && b.cfg.isolation() == crate::config::Isolation::Shared;
+    if owner.portico || shared_child {
+        OWN
+    } else {
+        owner.key
+    }
+}
+
+/// A fresh slot: per-client stdio backends get a child of their own (started on first use).
+fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
+    let child = match (&b.upstream, &b.cfg.command) {
+        (Upstream::Stdio(_), Some(cmd)) if *key != OWN => {
+            let child = Arc::new(StdioUpstream::new(&b.cfg, cmd.clone()));
+            forward_notes(b, &child);
+            Some(child)
+        }
+        _ => None,
+    };
+    let adopt = match (&b.upstream, owner.sealed_for(&b.name)) {
+        (Upstream::Http(_), Some((id, v))) => HeaderValue::from_str(id)
+            .ok()
+            .zip(HeaderValue::from_str(v).ok()),
+        _ => None,
+    };
+    SessionSlot {
+        session: Default::default(),
+        init_lock: Default::default(),
+        child,
+        adopt: std::sync::Mutex::new(adopt),
+    }
+}
+
+/// A per-client child's unsolicited messages (list changes) reach the cache watcher and
+/// aggregated listeners like the backend's own child's.
+fn forward_notes(b: &Backend, child: &StdioUpstream) {
+    let mut rx = child.subscribe();
+    let tx = b.bridge.notes.clone();
+    tokio::spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok(m) => {
+                    let _ = tx.send(m);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+}
+
+/// The stdio transport a slot's requests go to (`None` for HTTP).
+pub(super) fn stdio_of<'a>(
+    b: &'a Backend,
+    child: Option<&'a Arc<StdioUpstream>>,
+) -> Option<&'a StdioUpstream> {
+    match (child, &b.upstream) {
+        (Some(c), _) => Some(c),
+        (None, Upstream::Stdio(s)) => Some(s),
+        _ => None,
+    }
+}
+
+pub(super) type Held = Arc<Slot<SessionSlot>>;
+
+pub(super) async fn session_or_modern(
+    b: &Arc<Backend>,
+    owner: &Owner,
+    deadline: Instant,
+) -> Result<(Held, Arc<LegacySession>), SessionError> {
+    let key = slot_key(b, owner);
+    let (slot, evicted) = b
+        .bridge
+        .pool
+        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner));
+    if key == OWN {
+        slot.pin();
+    }
+    for old in evicted {
+        tracing::info!(backend = %b.name, "max_upstream_sessions reached: closing the least recently used upstream session");
+        tokio::spawn(close_slot(b.clone(), old));
+    }
+    start_reaper(b);
+    let generation =
+        |slot: &Held| stdio_of(b, slot.value.child.as_ref()).map_or(0, StdioUpstream::generation);
+    if let Some(s) = slot.value.session.load_full()
+        && s.generation == generation(&slot)
     {
-        return Ok(s);
+        return Ok((slot, s));
+    }
+    let _one = slot.value.init_lock.lock().await;
+    if let Some(s) = slot.value.session.load_full()
+        && s.generation == generation(&slot)
+    {
+        return Ok((slot.clone(), s));
     }
     // A request that queued behind an `initialize` which found the server modern must not
     // send another one (nor undo the new verdict).
@@ -77,9 +183,105 @@ pub(super) async fn session_or_modern(
             "the backend was re-probed while this request waited".into(),
         ));
     }
-    let s = Arc::new(initialize(b, deadline).await?);
-    b.bridge.session.store(Some(s.clone()));
-    Ok(s)
+    let adopted = slot
+        .value
+        .adopt
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    let s = match adopted {
+        // Opened by another replica for this client: its state lives upstream, so use it
+        // (if the server lost it, the 404 re-initializes below like any lost session).
+        Some((id, version)) => LegacySession {
+            id: Some(id),
+            version,
+            init: serde_json::json!({}),
+            generation: 0,
+            child: None,
+        },
+        None => {
+            let own = if key == OWN {
+                Owner::portico()
+            } else {
+                owner.clone()
+            };
+            initialize(b, slot.value.child.as_ref(), &own, deadline).await?
+        }
+    };
+    let s = Arc::new(s);
+    slot.value.session.store(Some(s.clone()));
+    Ok((slot.clone(), s))
+}
+
+/// Closes what idles in the pool, every so often, while the backend lives.
+fn start_reaper(b: &Arc<Backend>) {
+    if b.bridge.reaper.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let weak = Arc::downgrade(b);
+    let period = (b.bridge.pool.idle() / 2).clamp(
+        std::time::Duration::from_millis(10),
+        std::time::Duration::from_secs(30),
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(b) = weak.upgrade() else { return };
+            for slot in b.bridge.pool.reap() {
+                tracing::debug!(backend = %b.name, "closing an idle upstream session");
+                close_slot(b.clone(), slot).await;
+            }
+        }
+    });
+}
+
+/// Ends one slot: `DELETE` of its HTTP session, or its own stdio child stopped.
+pub(super) async fn close_slot(b: Arc<Backend>, slot: Held) {
+    if let Some(s) = slot.value.session.swap(None) {
+        delete_upstream(&b, s.id.as_ref(), &s.version).await;
+    }
+    if let Some(child) = &slot.value.child {
+        child.shutdown().await;
+    }
+}
+
+/// `DELETE`s an HTTP upstream session (bounded: 2 s).
+async fn delete_upstream(b: &Backend, id: Option<&HeaderValue>, version: &HeaderValue) {
+    let (Upstream::Http(up), Some(sid)) = (&b.upstream, id) else {
+        return;
+    };
+    let mut req = up.request(
+        &HeaderMap::new(),
+        &[
+            (h::names::SESSION_ID, sid.clone()),
+            (h::names::PROTOCOL_VERSION, version.clone()),
+        ],
+        Bytes::new(),
+    );
+    *req.method_mut() = http::Method::DELETE;
+    let deadline = Instant::now() + std::time::Duration::from_secs(2);
+    if let Ok(ex) = up.exchange(req, deadline).await {
+        tracing::info!(backend = %b.name, status = %ex.response.status(), "legacy session closed");
+    }
+}
+
+/// Ends `owner`'s upstream session on `b` (its client ended its own session): the one this
+/// replica holds, and the one sealed in the client's id if another replica opened it.
+pub async fn close_owner(b: &Arc<Backend>, owner: &Owner) {
+    let key = slot_key(b, owner);
+    let mut closed = None;
+    if key != OWN
+        && let Some(slot) = b.bridge.pool.remove(&key)
+    {
+        closed = slot.value.session.load_full().and_then(|s| s.id.clone());
+        close_slot(b.clone(), slot).await;
+    }
+    if let Some((id, v)) = owner.sealed_for(&b.name)
+        && let (Ok(id), Ok(v)) = (HeaderValue::from_str(id), HeaderValue::from_str(v))
+        && closed.as_ref() != Some(&id)
+    {
+        delete_upstream(b, Some(&id), &v).await;
+    }
 }
 
 /// The bridge found a backend it believed legacy to be modern: re-probe it (an `auto` backend
@@ -96,7 +298,11 @@ pub(super) async fn flip_to_modern(b: &Backend, why: &str) -> Result<Verdict, Ga
         if b.verdict() == Verdict::Legacy {
             tracing::warn!(backend = %b.name, why, "initialize refused by a 2026-07-28 server; re-probing");
             b.set_verdict(Verdict::Unknown);
-            b.bridge.session.store(None);
+            for slot in b.bridge.pool.drain() {
+                if let Some(child) = &slot.value.child {
+                    child.shutdown().await;
+                }
+            }
         }
     }
     ensure_verdict(b).await
@@ -121,12 +327,14 @@ pub(super) async fn on_session_error(
     }
 }
 
-pub(super) fn initialize_body(id: &str) -> Bytes {
+/// The upstream `initialize`: the owner's revision, capabilities and clientInfo
+/// (docs/protocol.md §7: capabilities hold for the whole session).
+pub(super) fn initialize_body(id: &str, owner: &Owner) -> Bytes {
     Bytes::from(
         json!({"jsonrpc":"2.0","id":id,"method":"initialize","params":{
-            "protocolVersion": LEGACY_VERSIONS[0],
-            "capabilities": {},
-            "clientInfo": portico_info(),
+            "protocolVersion": owner.version,
+            "capabilities": owner.capabilities(),
+            "clientInfo": owner.client_info(),
         }})
         .to_string(),
     )
@@ -141,6 +349,7 @@ pub(super) const INITIALIZED: &[u8] = br#"{"jsonrpc":"2.0","method":"notificatio
 pub(super) async fn initialize_stdio(
     s: &StdioUpstream,
     id: &str,
+    owner: &Owner,
     deadline: Instant,
 ) -> Result<(Reply, u64), UpstreamError> {
     let mut again = true;
@@ -150,7 +359,10 @@ pub(super) async fn initialize_stdio(
             cancel_on_drop: false,
             generation: Some(generation),
         };
-        match s.call_with(initialize_body(id), deadline, opts).await {
+        match s
+            .call_with(initialize_body(id, owner), deadline, opts)
+            .await
+        {
             Err(UpstreamError::Restarted) if again => again = false,
             r => return r.map(|reply| (reply, generation)),
         }
@@ -161,6 +373,8 @@ pub(super) async fn initialize_stdio(
 /// counter-offers its own), then `notifications/initialized`.
 pub(super) async fn initialize(
     b: &Backend,
+    child: Option<&Arc<StdioUpstream>>,
+    owner: &Owner,
     deadline: Instant,
 ) -> Result<LegacySession, SessionError> {
     let n = b.bridge.next_id.fetch_add(1, Ordering::Relaxed);
@@ -171,9 +385,14 @@ pub(super) async fn initialize(
             detail,
         })
     };
-    let (messages, session_id, generation, status) = match &b.upstream {
-        Upstream::Http(up) => {
-            let req = up.request(&HeaderMap::new(), &base_headers(), initialize_body(&id));
+    let stdio = stdio_of(b, child);
+    let (messages, session_id, generation, status) = match (&b.upstream, stdio) {
+        (Upstream::Http(up), _) => {
+            let req = up.request(
+                &HeaderMap::new(),
+                &base_headers(),
+                initialize_body(&id, owner),
+            );
             let reply = up
                 .call(req, deadline)
                 .await
@@ -183,14 +402,14 @@ pub(super) async fn initialize(
             let messages = collect(reply).await.map_err(|e| upstream_err(b, &e))?;
             (messages, sid, 0, status)
         }
-        Upstream::Stdio(s) => {
-            let (reply, generation) = initialize_stdio(s, &id, deadline)
+        (_, Some(s)) => {
+            let (reply, generation) = initialize_stdio(s, &id, owner, deadline)
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
             let messages = collect(reply).await.map_err(|e| upstream_err(b, &e))?;
             (messages, None, generation, StatusCode::OK)
         }
-        Upstream::Builtin(_) => return Err(fail("built-in servers are modern".into())),
+        _ => return Err(fail("built-in servers are modern".into())),
     };
     // The answer is read before the status: a modern server's refusal (HTTP 400/404 with a
     // JSON-RPC body) is what tells it apart.
@@ -219,8 +438,8 @@ pub(super) async fn initialize(
     }
     let version = HeaderValue::from_str(version).map_err(|_| fail("bad protocolVersion".into()))?;
     // notifications/initialized: the server must see it before anything else.
-    match &b.upstream {
-        Upstream::Http(up) => {
+    match (&b.upstream, stdio) {
+        (Upstream::Http(up), _) => {
             let mut extra = base_headers();
             extra.push((h::names::PROTOCOL_VERSION, version.clone()));
             if let Some(sid) = &session_id {
@@ -238,12 +457,12 @@ pub(super) async fn initialize(
                 )));
             }
         }
-        Upstream::Stdio(s) => {
+        (_, Some(s)) => {
             s.notify(Bytes::from_static(INITIALIZED))
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
         }
-        Upstream::Builtin(_) => {}
+        _ => {}
     }
     tracing::info!(
         backend = %b.name,
@@ -256,35 +475,20 @@ pub(super) async fn initialize(
         version,
         init,
         generation,
+        child: child.cloned(),
     })
 }
 
-/// Ends the upstream session (`DELETE`), on shutdown.
-pub async fn close(b: &Backend) {
-    let Some(s) = b.bridge.session.swap(None) else {
-        return;
-    };
-    if let (Upstream::Http(up), Some(sid)) = (&b.upstream, &s.id) {
-        let mut req = up.request(
-            &HeaderMap::new(),
-            &[
-                (h::names::SESSION_ID, sid.clone()),
-                (h::names::PROTOCOL_VERSION, s.version.clone()),
-            ],
-            Bytes::new(),
-        );
-        *req.method_mut() = http::Method::DELETE;
-        let deadline = Instant::now() + std::time::Duration::from_secs(2);
-        if let Ok(ex) = up.exchange(req, deadline).await {
-            tracing::info!(backend = %b.name, status = %ex.response.status(), "legacy session closed");
-        }
-    }
+/// Ends every upstream session of `b` (`DELETE`, children stopped), on shutdown.
+pub async fn close(b: &Arc<Backend>) {
+    let slots = b.bridge.pool.drain();
+    futures_util::future::join_all(slots.into_iter().map(|s| close_slot(b.clone(), s))).await;
 }
 
-/// Drops the backend's session if it is still `s` (a concurrent request may have replaced it).
-pub(super) fn forget_session(b: &Backend, s: &Arc<LegacySession>) {
-    let current = b.bridge.session.load_full();
+/// Drops the slot's session if it is still `s` (a concurrent request may have replaced it).
+pub(super) fn forget_session(slot: &Held, s: &Arc<LegacySession>) {
+    let current = slot.value.session.load_full();
     if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, s)) {
-        b.bridge.session.store(None);
+        slot.value.session.store(None);
     }
 }

@@ -253,6 +253,8 @@ pub(super) struct CancelGuard {
     pub(super) session: Arc<LegacySession>,
     pub(super) upstream_id: u64,
     pub(super) armed: bool,
+    /// Holds the owner's pool slot while the answer streams (not reaped or evicted meanwhile).
+    pub(super) _slot: super::session::Held,
 }
 
 impl Drop for CancelGuard {

@@ -686,6 +686,29 @@ impl Cache {
         self.everywhere(Invalidation::All);
     }
 
+    /// Tells the other replicas (through Redis, when configured) that the legacy-client session
+    /// `digest` names has ended, until `ttl_ms` from now. Whether it reached them.
+    pub async fn revoke_session(&self, digest: &[u8; 32], ttl_ms: u64) -> bool {
+        match &self.shared {
+            Some(shared) => shared.revoke_session(digest, ttl_ms).await,
+            None => false,
+        }
+    }
+
+    /// Whether another replica ended the legacy-client session `digest` names (always `false`
+    /// without Redis, or when Redis does not answer within `redis_timeout_ms`).
+    pub async fn session_revoked(&self, digest: &[u8; 32]) -> bool {
+        match &self.shared {
+            Some(shared) => shared.session_revoked(digest).await.unwrap_or(false),
+            None => false,
+        }
+    }
+
+    /// Whether revocations reach other replicas (a Redis tier is configured).
+    pub fn shares_revocations(&self) -> bool {
+        self.shared.is_some()
+    }
+
     /// Applies `what` here at once, then (in the background) to Redis and the other replicas.
     fn everywhere(&self, what: Invalidation) {
         self.local.apply(&what);

@@ -14,6 +14,8 @@
 //! - `g:all`, `g:b:<backend>`, `g:m:<backend>:<method>`, `g:u:<hex digest of backend, uri>`:
 //!   invalidation generations, plain integers bumped with `INCR`.
 //! - channel `invalidate`: one JSON message per invalidation, for the other replicas' local tiers.
+//! - `s:revoked:<hex digest>`: a legacy-client session ended by `DELETE` on some replica,
+//!   `PX` until the session's own expiry (`legacy`); read on every request of such a session.
 //!
 //! Invalidation is O(1): a record stores the generations its request depended on (all, its
 //! backend, its backend + method, and for `resources/read` its URI) as they were read *before*
@@ -339,6 +341,36 @@ impl Shared {
             .arg("PX")
             .arg(self.gen_ttl_ms)
             .ignore();
+    }
+
+    /// Records a revoked legacy-client session (`digest` names it) until `ttl_ms` from now
+    /// (its expiry: after that the id is refused anyway). Whether Redis took it.
+    pub async fn revoke_session(&self, digest: &[u8; 32], ttl_ms: u64) -> bool {
+        if ttl_ms == 0 {
+            return true;
+        }
+        let mut cmd = ::redis::cmd("SET");
+        cmd.arg(self.revoked_key(digest))
+            .arg(1)
+            .arg("PX")
+            .arg(ttl_ms);
+        let mut conn = self.conn.clone();
+        self.call(cmd.query_async::<()>(&mut conn)).await.is_some()
+    }
+
+    /// Whether another replica revoked the session `digest` names; `None` when Redis did not
+    /// answer.
+    pub async fn session_revoked(&self, digest: &[u8; 32]) -> Option<bool> {
+        let mut cmd = ::redis::cmd("EXISTS");
+        cmd.arg(self.revoked_key(digest));
+        let mut conn = self.conn.clone();
+        self.call(cmd.query_async::<i64>(&mut conn))
+            .await
+            .map(|n| n > 0)
+    }
+
+    fn revoked_key(&self, digest: &[u8; 32]) -> String {
+        format!("{}s:revoked:{}", self.ns, hex::encode(digest))
     }
 
     fn entry_key(&self, key: &CacheKey) -> String {

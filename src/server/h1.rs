@@ -211,7 +211,7 @@ impl Conn {
     /// The whole body must arrive within the body clock (`frontend::BodyClock`), the same
     /// rule hyper's half of the server applies.
     async fn read_body(&mut self, len: usize) -> Result<Bytes, Fill> {
-        let clock = crate::frontend::BodyClock::new(
+        let mut clock = crate::frontend::BodyClock::new(
             self.limits.body_timeout,
             self.limits.body_min_rate,
             self.limits.header_timeout,

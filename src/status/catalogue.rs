@@ -219,6 +219,7 @@ async fn list_page(
     let bridged = if verdict == Verdict::Legacy {
         match bridge::call(
             b,
+            &bridge::Owner::portico(),
             "tools/list",
             env.id.as_ref(),
             &body,

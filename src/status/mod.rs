@@ -90,8 +90,8 @@ pub struct BackendInfo {
     pub max_concurrent: usize,
     pub latency: LatencyInfo,
     pub last_error: Option<ErrorInfo>,
-    /// An upstream initialize-era session is open (as `portico_legacy_sessions`).
-    pub legacy_session: bool,
+    /// Upstream initialize-era sessions open, one per client (as `portico_legacy_sessions`).
+    pub legacy_sessions: u64,
     /// stdio backends: child restarts (as `portico_stdio_restarts_total`).
     pub stdio_restarts: Option<u64>,
     pub allow_teams: Vec<String>,
@@ -368,8 +368,7 @@ impl Snapshot {
                 .count(),
             sessions: SessionInfo {
                 legacy_client_sessions: None,
-                upstream_legacy_sessions: backend_infos.iter().filter(|b| b.legacy_session).count()
-                    as u64,
+                upstream_legacy_sessions: backend_infos.iter().map(|b| b.legacy_sessions).sum(),
                 parked_calls: 0,
                 notes: vec![
                     "Initialize-era client sessions are sealed, stateless ids: no server-side \
@@ -474,7 +473,7 @@ fn backend_info(
             ms_ago: ms_since(e.at),
             reason: e.reason,
         }),
-        legacy_session: b.bridge.has_session(),
+        legacy_sessions: b.bridge.session_count() as u64,
         stdio_restarts: match &b.upstream {
             Upstream::Stdio(s) => Some(s.restarts()),
             _ => None,

@@ -31,7 +31,7 @@ use crate::auth::{self, Auth, Principal};
 use crate::backend::{Backend, Verdict};
 use crate::body::{Body, relay_response};
 use crate::bridge;
-use crate::cache::{Cache, Fetched, KeyInput, Outcome};
+use crate::cache::{Cache, Fetched, KeyInput, Outcome, Partition};
 use crate::config::{Config, Protocol, ToolFilter, VerifyBody};
 use crate::error::GatewayError;
 use crate::frontend::{Era, ModernHead};
@@ -59,6 +59,8 @@ pub struct Core {
     pub watchers: Watchers,
     /// Authentication, team policy and rate limits.
     pub auth: Auth,
+    /// Calls in flight on shared upstreams, so a client's cancel finds its own (`calls`).
+    pub calls: Arc<calls::Calls>,
 }
 
 /// Everything known about one request, filled in as it moves through the phases and read once
@@ -100,6 +102,10 @@ pub struct RequestCtx {
     /// portico wrote this 2026-07-28 request on a client's behalf (`portico stdio`), so it also
     /// builds the headers such a client would (`Mcp-Param-*`, `params::param_headers`).
     pub built_by_portico: bool,
+    /// An initialize-era client's session (set by `legacy`): whose upstream sessions the
+    /// request uses and which calls its cancel may reach. `None`: a 2026-07-28 client, whose
+    /// owner is its authorization context and declared capabilities.
+    pub client: Option<Arc<bridge::Owner>>,
 }
 
 impl Default for RequestCtx {
@@ -128,6 +134,7 @@ impl RequestCtx {
             principal: None,
             rate_charged: false,
             built_by_portico: false,
+            client: None,
         }
     }
 
@@ -184,9 +191,12 @@ impl<'a> Exposure<'a> {
 /// What the step is asked to send.
 #[derive(Clone, Copy)]
 pub enum Message<'a> {
-    /// The client's body, unread (pass-through; see [`can_pass_through`]): only the method the
-    /// headers name is known.
-    Unread { method: &'a str },
+    /// The client's body, unread (pass-through; see [`can_pass_through`]): only what the
+    /// headers name is known — the method, and for a `tools/call` the decoded `Mcp-Name`.
+    Unread {
+        method: &'a str,
+        name: Option<&'a str>,
+    },
     /// A parsed message; the body is its exact bytes.
     Parsed(&'a Envelope),
 }
@@ -220,21 +230,22 @@ pub async fn step(
     backend: &Arc<Backend>,
     req: StepRequest<'_>,
 ) -> Result<Answer, GatewayError> {
-    let Some(tool) = called_tool(req.message, req.headers) else {
-        return admit_and_answer(core, ctx, backend, req).await;
-    };
-    let started = StdInstant::now();
+    let tool = called_tool(req.message);
     let answer = admit_and_answer(core, ctx, backend, req).await;
-    let status = match &answer {
-        Ok(Answer::Relayed(r)) => Some(r.status()),
-        Ok(Answer::Reply(r)) => Some(r.status),
-        Err(e) => Some(e.status()),
-        // Not answered yet: the caller takes the step again, through the bridge.
-        Ok(Answer::Reprobed) => None,
-    };
-    if let Some(status) = status {
-        let (tools, took) = (&backend.stats.tools, started.elapsed());
-        tools.record(&core.metrics, &backend.name, &tool, status.as_u16(), took);
+    if let Some(tool) = tool {
+        let status = match &answer {
+            Ok(Answer::Relayed(r)) => Some(r.status()),
+            Ok(Answer::Reply(r)) => Some(r.status),
+            Err(e) => Some(e.status()),
+            // Not answered yet: the caller takes the step again, through the bridge.
+            Ok(Answer::Reprobed) => None,
+        };
+        if let Some(status) = status {
+            // Timed from the request's start (one clock read fewer): what the client waited.
+            let took = ctx.elapsed();
+            let tools = &backend.stats.tools;
+            tools.record(&core.metrics, &backend.name, tool, status.as_u16(), took);
+        }
     }
     answer
 }
@@ -242,19 +253,15 @@ pub async fn step(
 /// The tool a `tools/call` names: the body's name, or for an unread body the `Mcp-Name`
 /// header (which a modern backend checks against the body itself; README, "Why header
 /// routing is safe"). Only a label: `stats::tools` keeps it to names the backend listed.
-fn called_tool<'a>(message: Message<'a>, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
+fn called_tool(message: Message<'_>) -> Option<&str> {
     match message {
         Message::Parsed(env) if env.method == "tools/call" => {
-            Some(Cow::Borrowed(env.name.as_deref().unwrap_or("")))
+            Some(env.name.as_deref().unwrap_or(""))
         }
         Message::Unread {
             method: "tools/call",
-        } => Some(
-            headers
-                .get(h::names::NAME)
-                .and_then(|v| protocol::decode_header_value(v.as_bytes()))
-                .unwrap_or(Cow::Borrowed("")),
-        ),
+            name,
+        } => Some(name.unwrap_or("")),
         _ => None,
     }
 }
@@ -312,7 +319,7 @@ async fn admit_and_answer(
     let before = ctx.upstream;
     // 6. cache, 7. forward or bridge
     let answer = match req.message {
-        Message::Unread { method } => pass_through(ctx, backend, &req, method).await,
+        Message::Unread { method, .. } => pass_through(ctx, backend, &req, method).await,
         Message::Parsed(env) => {
             // Boxed: the cache and bridge futures are large, and inline they would set the size
             // (and the cost of every move) of the pass-through path's state too.
@@ -322,6 +329,7 @@ async fn admit_and_answer(
                     Some(f) if env.method == "tools/list" => {
                         filter_tools_reply(reply, f, req.exposure)
                     }
+                    _ if env.method == "server/discover" => portico_versions(reply),
                     _ => reply,
                 })
                 .map(Answer::Reply)
@@ -413,7 +421,8 @@ pub fn charge(core: &Core, ctx: &mut RequestCtx) -> Result<(), GatewayError> {
 /// - a cacheable method while the cache is on (the key comes from the body, and the body must
 ///   agree with the headers before an entry is served or stored);
 /// - a caller under a tool policy (checked against the parsed body, never the headers alone);
-/// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era.
+/// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era;
+/// - `server/discover`, whose `supportedVersions` portico rewrites to its own.
 pub fn can_pass_through(
     core: &Core,
     ctx: &RequestCtx,
@@ -424,9 +433,9 @@ pub fn can_pass_through(
         && backend.verdict() == Verdict::Modern
         && matches!(backend.upstream, Upstream::Http(_))
         && backend.cfg.verify_body == VerifyBody::Auto
-        && mh
-            .method
-            .is_some_and(|m| !(core.cache.enabled() && protocol::is_cacheable_method(m)))
+        && mh.method.is_some_and(|m| {
+            !(core.cache.enabled() && protocol::is_cacheable_method(m)) && m != "server/discover"
+        })
         && core.auth.policy(ctx.principal.as_deref()).is_none()
 }
 
@@ -572,7 +581,11 @@ async fn answer(
         _ => {
             let params = params::param_headers(core, ctx, backend, req, env).await;
             let sent = StdInstant::now();
-            let reply = call_backend(ctx, backend, req, env, &params).await;
+            let reply = if shared_upstream(backend) {
+                cancellable(core, ctx, backend, req, env, &params).await
+            } else {
+                call_backend(ctx, None, backend, req, env, &params).await
+            };
             ctx.upstream_since(sent);
             backend.resilience.record_result(&reply);
             if let Ok(Reply {
@@ -600,10 +613,47 @@ async fn answer(
     }
 }
 
-/// Step 7 on the message path: initialize-era backends through the bridge, modern ones
-/// forwarded (with `params`, the `Mcp-Param-*` headers portico built, where missing).
+/// Step 7 on a shared upstream: a request is registered under its client's scope for the
+/// time it is in flight, so the client's `notifications/cancelled` drops it (and the
+/// transport tells the server, with the id the server saw); a cancel is looked up there and
+/// never forwarded.
+async fn cancellable(
+    core: &Core,
+    ctx: &RequestCtx,
+    backend: &Arc<Backend>,
+    req: &StepRequest<'_>,
+    env: &Envelope,
+    params: &[(HeaderName, HeaderValue)],
+) -> Result<Reply, GatewayError> {
+    let owner = owner_of(ctx, req.headers, env);
+    match (env.kind, &env.id) {
+        (Kind::Request, Some(id)) => {
+            let (registration, mut cancelled) = core.calls.register(owner.scope, id.clone());
+            let call = call_backend(ctx, Some(&owner), backend, req, env, params);
+            tokio::select! {
+                reply = call => {
+                    reply.map(|r| until_cancelled(r, registration, cancelled))
+                }
+                _ = &mut cancelled => Err(GatewayError::Cancelled),
+            }
+        }
+        (Kind::Notification, _) if env.method == "notifications/cancelled" => {
+            if let Some(id) = cancelled_id(&req.body) {
+                let n = core.calls.cancel(owner.scope, &id);
+                tracing::debug!(backend = %backend.name, id = id.json(), found = n, "client cancelled a request");
+            }
+            Ok(Reply::accepted())
+        }
+        _ => call_backend(ctx, Some(&owner), backend, req, env, params).await,
+    }
+}
+
+/// Step 7 on the message path: initialize-era backends through the bridge (in the owner's
+/// upstream session: `owner_of` when not given), modern ones forwarded (with `params`, the
+/// `Mcp-Param-*` headers portico built, where missing).
 async fn call_backend(
     ctx: &RequestCtx,
+    owner: Option<&Arc<bridge::Owner>>,
     backend: &Arc<Backend>,
     req: &StepRequest<'_>,
     env: &Envelope,
@@ -612,10 +662,15 @@ async fn call_backend(
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Legacy {
         let team = team_headers(ctx, backend);
+        let owner = match owner {
+            Some(o) => o.clone(),
+            None => owner_of(ctx, req.headers, env),
+        };
         let bridged = match &ctx.trace {
             None => {
                 bridge::call(
                     backend,
+                    &owner,
                     &env.method,
                     env.id.as_ref(),
                     &req.body,
@@ -625,7 +680,7 @@ async fn call_backend(
                 )
                 .await
             }
-            Some(trace) => Box::pin(bridge_traced(trace, backend, req, env, team)).await,
+            Some(trace) => Box::pin(bridge_traced(trace, backend, &owner, req, env, team)).await,
         };
         match bridged? {
             bridge::Bridged::Answer(reply) => return Ok(reply),
@@ -642,6 +697,7 @@ async fn call_backend(
 async fn bridge_traced(
     trace: &Trace,
     backend: &Arc<Backend>,
+    owner: &bridge::Owner,
     req: &StepRequest<'_>,
     env: &Envelope,
     team: &[(HeaderName, HeaderValue)],
@@ -651,6 +707,7 @@ async fn bridge_traced(
     extra.push((TRACEPARENT, span.traceparent()));
     let r = bridge::call(
         backend,
+        owner,
         &env.method,
         env.id.as_ref(),
         &req.body,
@@ -726,7 +783,7 @@ async fn cached(
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry || !keyed, || async {
             let sent = StdInstant::now();
-            let reply = call_backend(shared, backend, req, env, &[]).await;
+            let reply = call_backend(shared, None, backend, req, env, &[]).await;
             backend.resilience.record_result(&reply);
             upstream_us.store(
                 sent.elapsed().as_micros() as u64,
@@ -914,6 +971,95 @@ fn filter_tools_reply(reply: Reply, filter: &ToolFilter, exposure: Exposure<'_>)
     Reply { messages, ..reply }
 }
 
+/// Whose upstream session a request uses, and whose calls its cancel may reach: the legacy
+/// client's own session, or the authorization context (principal or credential digest, and
+/// team) with the declared capabilities (`bridge::owner`).
+pub fn owner_of(ctx: &RequestCtx, headers: &HeaderMap, env: &Envelope) -> Arc<bridge::Owner> {
+    if let Some(o) = &ctx.client {
+        return o.clone();
+    }
+    let principal = ctx.principal.as_deref();
+    let mut context = match auth::partition(principal, headers) {
+        Partition::Anonymous => b"anonymous".to_vec(),
+        Partition::Credential(d) => [b"credential:".as_slice(), &d].concat(),
+        Partition::Principal(p) => [b"principal:".as_slice(), p.as_bytes()].concat(),
+    };
+    if let Some(team) = principal.and_then(|p| p.team.as_deref()) {
+        context.extend_from_slice(b"\0team:");
+        context.extend_from_slice(team.as_bytes());
+    }
+    Arc::new(bridge::Owner::client(
+        &context,
+        env.client_capabilities.as_deref(),
+        env.client_info.as_deref(),
+    ))
+}
+
+/// Whether requests to `backend` travel on a shared upstream whose ids portico rewrites (a
+/// legacy session, a stdio child): where a client's cancel must be mapped to its own call.
+fn shared_upstream(backend: &Backend) -> bool {
+    match backend.upstream {
+        Upstream::Stdio(_) => true,
+        Upstream::Http(_) => backend.verdict() != Verdict::Modern,
+        Upstream::Builtin(_) => false,
+    }
+}
+
+/// A client's `notifications/cancelled`: the `requestId` it names, in its own id space.
+fn cancelled_id(body: &[u8]) -> Option<RequestId> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    RequestId::from_value(v.get("params")?.get("requestId")?)
+}
+
+/// Ends a reply's stream when its client cancels the call; the registration leaves with it.
+fn until_cancelled(
+    reply: Reply,
+    registration: calls::Registration,
+    cancelled: tokio::sync::oneshot::Receiver<()>,
+) -> Reply {
+    use futures_util::StreamExt;
+    match reply.messages {
+        MessageStream::Many(s) => Reply {
+            messages: MessageStream::Many(
+                s.take_until(cancelled)
+                    .map(move |m| {
+                        let _held = &registration;
+                        m
+                    })
+                    .boxed(),
+            ),
+            ..reply
+        },
+        _ => reply,
+    }
+}
+
+/// `server/discover` through portico advertises the versions portico serves on every URL —
+/// the ones `-32022` lists (`frontend`): 2026-07-28 for stateless requests, the
+/// initialize-era ones through `initialize` (docs/protocol.md §5; digest §8 item 18).
+fn portico_versions(reply: Reply) -> Reply {
+    let MessageStream::One(msg) = &reply.messages else {
+        return reply;
+    };
+    let Ok(mut v) = serde_json::from_slice::<Value>(msg) else {
+        return reply;
+    };
+    let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
+        return reply;
+    };
+    let supported = serde_json::json!(protocol::SUPPORTED_VERSIONS);
+    if result.get("supportedVersions") == Some(&supported) {
+        return reply;
+    }
+    result.insert("supportedVersions".into(), supported);
+    Reply {
+        messages: MessageStream::One(Bytes::from(v.to_string())),
+        ..reply
+    }
+}
+
+pub mod calls;
 mod params;
+
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,7 @@ fn core(extra: &str) -> Core {
         metrics: Arc::new(Metrics::new()),
         cache: Arc::new(Cache::new(&cfg.cache)),
         watchers: Watchers::default(),
+        calls: Default::default(),
         auth: Auth::build(&cfg.auth, "http://127.0.0.1:8787".into()).expect("auth"),
         config: cfg,
     }
@@ -326,6 +327,7 @@ builtin = "demo"
         headers: &HeaderMap::new(),
         message: Message::Unread {
             method: "tools/call",
+            name: Some("echo"),
         },
         body: call_body("echo"),
         exposure: Exposure::DIRECT,

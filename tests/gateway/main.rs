@@ -19,6 +19,7 @@ mod redis;
 mod reliability;
 mod security;
 mod server_h1;
+mod sessions;
 mod status; // status page
 mod stdio;
 mod stdio_front;

@@ -16,13 +16,13 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 /// A `redis-server` owned by one test.
-struct RedisServer {
+pub(crate) struct RedisServer {
     port: u16,
     child: Option<Child>,
 }
 
 impl RedisServer {
-    async fn start() -> RedisServer {
+    pub(crate) async fn start() -> RedisServer {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
             l.local_addr().expect("addr").port()
@@ -63,7 +63,7 @@ impl RedisServer {
         );
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 

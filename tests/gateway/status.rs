@@ -191,11 +191,7 @@ async fn status_json_lists_both_backends_and_agrees_with_metrics() {
         );
         assert_eq!(
             metric(&m, "portico_legacy_sessions", &[("backend", name)]),
-            Some(if b["legacy_session"] == true {
-                1.0
-            } else {
-                0.0
-            }),
+            b["legacy_sessions"].as_f64(),
             "{name}: legacy sessions"
         );
         // The latency window and the upstream histogram see the same requests.

@@ -94,6 +94,16 @@ pub struct MockState {
     /// Legacy: open standalone GET SSE streams (where session-wide notifications go).
     get_streams: Mutex<Vec<mpsc::Sender<Bytes>>>,
     pub deletes: AtomicU64,
+    /// Legacy: the session ids DELETE ended, in order.
+    pub deleted: Mutex<Vec<String>>,
+    /// Legacy: the `initialize` params of each session (stateless: under "").
+    pub inits: Mutex<HashMap<String, Value>>,
+    /// Legacy: what the `store` tool kept, per session.
+    stored: Mutex<HashMap<String, String>>,
+    /// Legacy: `tools/call` requests carrying `arguments.tag`, by (session, request id).
+    tags: Mutex<HashMap<(String, String), String>>,
+    /// Legacy: the tags of the requests `notifications/cancelled` named (in their session).
+    pub cancelled_tags: Mutex<Vec<String>>,
 }
 
 /// A running mock.
@@ -211,6 +221,11 @@ impl MockMcp {
             listeners: Mutex::new(Vec::new()),
             get_streams: Mutex::new(Vec::new()),
             deletes: AtomicU64::new(0),
+            deleted: Mutex::new(Vec::new()),
+            inits: Mutex::new(HashMap::new()),
+            stored: Mutex::new(HashMap::new()),
+            tags: Mutex::new(HashMap::new()),
+            cancelled_tags: Mutex::new(Vec::new()),
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
@@ -471,6 +486,15 @@ async fn modern(
     answer(state, &opts, method, &body, &parts.headers, true).await
 }
 
+/// The legacy session a request belongs to ("" without one).
+fn session_of(headers: &HeaderMap) -> String {
+    headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
 fn cache_fields(opts: &Opts, mut v: Value) -> Value {
     if let Some(t) = opts.ttl_ms {
         v["ttlMs"] = json!(t);
@@ -526,6 +550,25 @@ fn param_mismatch(state: &MockState, params: &Value, headers: &HeaderMap) -> Opt
     None
 }
 
+/// Whether a client's capabilities include one that lets a server ask it things.
+fn can_be_asked(caps: &Value) -> bool {
+    ["sampling", "elicitation", "roots"]
+        .iter()
+        .any(|c| caps.get(c).is_some_and(Value::is_object))
+}
+
+/// The tool list a client with `caps` gets: `sampler` only for clients that can be asked
+/// (as servers that sample or elicit mid-call list such tools).
+fn tools_for(state: &MockState, caps: &Value) -> Value {
+    let mut t = tools(state);
+    if can_be_asked(caps)
+        && let Some(a) = t.as_array_mut()
+    {
+        a.push(json!({"name":"sampler","inputSchema":{"type":"object"}}));
+    }
+    t
+}
+
 fn tools(state: &MockState) -> Value {
     let mut tools = vec![
         json!({"name":"echo","inputSchema":{"type":"object","properties":{"text":{"type":"string"}}}}),
@@ -575,8 +618,22 @@ async fn answer(
         "tools/list" => {
             tokio::time::sleep(list_delay).await;
             let cursor = params["cursor"].as_str();
+            let caps = if modern {
+                params["_meta"]["io.modelcontextprotocol/clientCapabilities"].clone()
+            } else {
+                state
+                    .inits
+                    .lock()
+                    .unwrap()
+                    .get(&session_of(headers))
+                    .map(|p| p["capabilities"].clone())
+                    .unwrap_or(Value::Null)
+            };
             match opts.page_size {
-                None => wrap(json!({"tools": tools(&state), "echoCursor": cursor}), true),
+                None => wrap(
+                    json!({"tools": tools_for(&state, &caps), "echoCursor": cursor}),
+                    true,
+                ),
                 Some(n) => {
                     let all = tools(&state).as_array().cloned().unwrap_or_default();
                     let Some(from) = cursor.map_or(Some(0), |c| c.parse::<usize>().ok()) else {
@@ -635,6 +692,22 @@ async fn answer(
                 "add" => text(
                     (args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)).to_string(),
                 ),
+                // Per-session state: `store {value}` keeps a value, `recall` reads it back.
+                "store" => {
+                    let v = args["value"].as_str().unwrap_or("").to_string();
+                    state.stored.lock().unwrap().insert(session_of(headers), v);
+                    text("stored".into())
+                }
+                "recall" => text(
+                    state
+                        .stored
+                        .lock()
+                        .unwrap()
+                        .get(&session_of(headers))
+                        .cloned()
+                        .unwrap_or_else(|| "none".into()),
+                ),
+                "sampler" => text("sampled".into()),
                 "whoami" => text(
                     headers
                         .get("authorization")
@@ -861,6 +934,7 @@ async fn legacy(
         state.deletes.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = session {
             state.sessions.lock().unwrap().remove(&s);
+            state.deleted.lock().unwrap().push(s);
         }
         return empty(StatusCode::OK);
     }
@@ -949,12 +1023,23 @@ async fn legacy(
         } else {
             json_resp(StatusCode::OK, &result)
         };
-        if !opts.stateless {
+        if opts.stateless {
+            state
+                .inits
+                .lock()
+                .unwrap()
+                .insert(String::new(), body["params"].clone());
+        } else {
             let sid = format!(
                 "sess-{}",
                 state.next_session.fetch_add(1, Ordering::Relaxed)
             );
             state.sessions.lock().unwrap().insert(sid.clone());
+            state
+                .inits
+                .lock()
+                .unwrap()
+                .insert(sid.clone(), body["params"].clone());
             resp.headers_mut()
                 .insert("mcp-session-id", sid.parse().unwrap());
         }
@@ -979,10 +1064,25 @@ async fn legacy(
     }
     if body.get("id").is_none() {
         if method == "notifications/cancelled" {
+            let key = (
+                session.clone().unwrap_or_default(),
+                body["params"]["requestId"].to_string(),
+            );
+            if let Some(tag) = state.tags.lock().unwrap().get(&key) {
+                state.cancelled_tags.lock().unwrap().push(tag.clone());
+            }
             state.cancel_notes.lock().unwrap().push(body.clone());
             state.cancelled_notify.notify_waiters();
         }
         return empty(StatusCode::ACCEPTED);
+    }
+    if method == "tools/call"
+        && let Some(tag) = body["params"]["arguments"]["tag"].as_str()
+    {
+        state.tags.lock().unwrap().insert(
+            (session.clone().unwrap_or_default(), id.to_string()),
+            tag.to_string(),
+        );
     }
     if let Some(v) = h("mcp-protocol-version")
         && !["2025-11-25", "2025-06-18", "2025-03-26"].contains(&v.as_str())

@@ -151,13 +151,14 @@ async fn python_sdk_stdio_server_takes_the_modern_path() {
     let url = gw.url("/mcp/py");
     check_shapes(&url, "demo://greeting").await;
     // The server's own discover result and cache hints (py_server.py: 60000 ms, public) come
-    // through untouched: no bridge in between.
+    // through: no bridge in between. Only `supportedVersions` is portico's (what its URL
+    // serves, as its -32022 says).
     let d = mcp(&url, json!(1), "server/discover", json!({}))
         .await
         .result();
     assert_eq!(
         d["result"]["supportedVersions"],
-        json!(["2026-07-28"]),
+        json!(portico::protocol::SUPPORTED_VERSIONS),
         "{d}"
     );
     // A cache hit (check_shapes fetched it): the remaining freshness, at most the server's.
@@ -325,9 +326,13 @@ async fn survive_kill(url: &str, tag: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_stdio_child_fails_the_call_at_once_and_is_restarted() {
+    // One child per backend, so the tag finds the one the calls reach (under the default
+    // `per_client` isolation the bridged TypeScript server would have a second, per-client
+    // child beside the probe's).
+    let shared = "isolation = \"shared\"\n";
     let gw = Gateway::start(&config(&[
-        stdio_backend("ts", &ts_stdio_command(), "ts-kill"),
-        stdio_backend("py", &py_stdio_command(), "py-kill"),
+        stdio_backend("ts", &ts_stdio_command(), "ts-kill") + shared,
+        stdio_backend("py", &py_stdio_command(), "py-kill") + shared,
     ]))
     .await;
     survive_kill(&gw.url("/mcp/ts"), "ts-kill").await;

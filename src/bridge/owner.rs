@@ -1,0 +1,171 @@
+//! Who an upstream legacy session belongs to ([`Owner`]), and what its `initialize` declares.
+//!
+//! An initialize-era server keeps state per session and fixes the client's capabilities at
+//! `initialize`, so the bridge gives each owner its own upstream session (README "Session
+//! isolation"):
+//! - a **2026-07-28 client**: its authorization context (principal, else a digest of its
+//!   credential, else anonymous) and team, plus its declared capabilities — requests that agree
+//!   on all of them share a pooled session, since nothing else tells two such clients apart;
+//! - an **initialize-era client**: its own portico session, whatever else it shares;
+//! - **portico itself** (health checks, cache watchers, the status page's catalogue): a
+//!   context of its own, declaring no capabilities.
+//!
+//! `scope` is coarser than `key`: the client whose `notifications/cancelled` may reach a
+//! request (the context without the capabilities, or the legacy session).
+
+use serde_json::{Value, json};
+
+use crate::pool::OwnerKey;
+use crate::protocol::{LEGACY_VERSIONS, portico_info};
+
+/// What an upstream session is opened for.
+#[derive(Clone, Debug)]
+pub struct Owner {
+    /// The pool key: one upstream session per key.
+    pub key: OwnerKey,
+    /// The cancellation scope: the client (context or legacy session) the requests are of.
+    pub scope: OwnerKey,
+    /// The revision asked for in `initialize` (a legacy client's negotiated one; else the
+    /// newest the bridge speaks).
+    pub version: &'static str,
+    /// The client's declared capabilities as JSON text, sent in `initialize` (parsed only
+    /// then: building an owner is on every bridged request).
+    capabilities: Box<str>,
+    /// The client's clientInfo as JSON text (portico's when it declared none).
+    client_info: Option<Box<str>>,
+    /// Unix milliseconds after which the owner is gone (a legacy client's session expiry);
+    /// `u64::MAX` for none.
+    pub expires_ms: u64,
+    /// Upstream sessions another replica opened for this owner and sealed into a legacy
+    /// client's session id: `(backend, Mcp-Session-Id, negotiated revision)`.
+    pub sealed: Vec<(String, String, String)>,
+    /// portico's own traffic.
+    pub portico: bool,
+}
+
+/// A SHA-256 over length-prefixed fields under a purpose label.
+pub fn digest(label: &[u8], fields: &[&[u8]]) -> OwnerKey {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(&(label.len() as u64).to_le_bytes());
+    ctx.update(label);
+    for f in fields {
+        ctx.update(&(f.len() as u64).to_le_bytes());
+        ctx.update(f);
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+impl Owner {
+    /// portico's own context: no client, no capabilities.
+    pub fn portico() -> Owner {
+        let key = digest(b"portico/owner/portico", &[]);
+        Owner {
+            key,
+            scope: key,
+            version: LEGACY_VERSIONS[0],
+            capabilities: "{}".into(),
+            client_info: None,
+            expires_ms: u64::MAX,
+            sealed: Vec::new(),
+            portico: true,
+        }
+    }
+
+    /// A 2026-07-28 client: `context` names its authorization context (and team), the raw
+    /// `_meta` capabilities and clientInfo are what it declared.
+    pub fn client(context: &[u8], capabilities: Option<&str>, client_info: Option<&str>) -> Owner {
+        let caps_raw = capabilities.unwrap_or("{}");
+        let scope = digest(b"portico/owner/context", &[context]);
+        let key = digest(b"portico/owner/client", &[context, caps_raw.as_bytes()]);
+        Owner {
+            key,
+            scope,
+            version: LEGACY_VERSIONS[0],
+            capabilities: caps_raw.into(),
+            client_info: client_info.map(Into::into),
+            expires_ms: u64::MAX,
+            sealed: Vec::new(),
+            portico: false,
+        }
+    }
+
+    /// An initialize-era client's session: `session` names it (its sealed nonce), the rest is
+    /// what it said in its own `initialize`.
+    pub fn legacy_client(
+        session: &[u8],
+        version: &str,
+        capabilities: &Value,
+        client_info: Option<&Value>,
+        expires_ms: u64,
+    ) -> Owner {
+        let key = digest(b"portico/owner/legacy-session", &[session]);
+        Owner {
+            key,
+            scope: key,
+            version: LEGACY_VERSIONS
+                .iter()
+                .find(|v| **v == version)
+                .copied()
+                .unwrap_or(LEGACY_VERSIONS[0]),
+            capabilities: capabilities.to_string().into(),
+            client_info: client_info.map(|i| i.to_string().into()),
+            expires_ms,
+            sealed: Vec::new(),
+            portico: false,
+        }
+    }
+
+    /// The capabilities the upstream `initialize` declares (`{}` unless the client declared an
+    /// object).
+    pub fn capabilities(&self) -> Value {
+        serde_json::from_str::<Value>(&self.capabilities)
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}))
+    }
+
+    /// The clientInfo the upstream `initialize` carries (portico's unless the client declared
+    /// an object).
+    pub fn client_info(&self) -> Value {
+        self.client_info
+            .as_deref()
+            .and_then(|i| serde_json::from_str::<Value>(i).ok())
+            .filter(Value::is_object)
+            .unwrap_or_else(portico_info)
+    }
+
+    /// The upstream session another replica opened on `backend` for this owner, if any.
+    pub fn sealed_for(&self, backend: &str) -> Option<(&str, &str)> {
+        self.sealed
+            .iter()
+            .find(|(b, _, _)| b == backend)
+            .map(|(_, id, v)| (id.as_str(), v.as_str()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_separate_contexts_capabilities_and_sessions() {
+        let a = Owner::client(b"p:alice", Some("{}"), None);
+        let a_sampling = Owner::client(b"p:alice", Some(r#"{"sampling":{}}"#), None);
+        let b = Owner::client(b"p:bob", Some("{}"), None);
+        assert_ne!(a.key, a_sampling.key, "capabilities shape the session");
+        assert_eq!(a.scope, a_sampling.scope, "but not who may cancel");
+        assert_ne!(a.key, b.key);
+        assert_ne!(a.scope, b.scope);
+        assert_eq!(a_sampling.capabilities(), json!({"sampling":{}}));
+        assert_eq!(a.client_info(), portico_info());
+        let s1 = Owner::legacy_client(b"n1", "2025-06-18", &json!({}), None, 1);
+        let s2 = Owner::legacy_client(b"n2", "2099-01-01", &json!(null), None, 1);
+        assert_ne!(s1.key, s2.key);
+        assert_eq!(s1.version, "2025-06-18");
+        assert_eq!(s2.version, LEGACY_VERSIONS[0]);
+        assert_eq!(s2.capabilities(), json!({}));
+        assert_ne!(Owner::portico().key, a.key);
+    }
+}

@@ -1,0 +1,232 @@
+//! A keyed pool of per-client upstream resources: the upstream sessions (or stdio children) an
+//! initialize-era backend keeps for its clients, one per owner key.
+//!
+//! Why a pool: an upstream legacy session carries state (whatever the server keeps per session,
+//! and the capabilities declared at `initialize`), so it must never be shared between clients
+//! (docs/protocol.md §8 item 14; README "Session isolation"). Opening one per request would cost
+//! a handshake each time, so sessions are kept by owner — the authorization context and the
+//! client's declared capabilities, or a legacy client's own session — and bounded two ways:
+//! - **a cap** (`max_upstream_sessions`): inserting beyond it evicts the least recently used
+//!   slot (one no request holds, when there is one);
+//! - **idle reaping** (`upstream_idle_ms`, and a legacy client's session expiry): [`Pool::reap`]
+//!   returns what has been unused too long.
+//!
+//! Data only: what a slot holds and how it is closed is the caller's (`bridge`); evicted and
+//! reaped slots are handed back so the caller closes them outside the lock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Names an owner: a SHA-256 digest over what makes two requests "the same client".
+pub type OwnerKey = [u8; 32];
+
+/// One pooled resource and when it was last used.
+pub struct Slot<T> {
+    pub key: OwnerKey,
+    pub value: T,
+    /// Milliseconds since the pool's epoch.
+    last_used: AtomicU64,
+    /// Unix milliseconds after which the slot's owner is gone (a legacy client's session
+    /// expiry); `u64::MAX` for none.
+    expires_ms: u64,
+    /// Never reaped for idleness, and evicted only when nothing else can be (portico's own
+    /// session, which its long-lived change stream uses without holding the slot).
+    pinned: std::sync::atomic::AtomicBool,
+}
+
+impl<T> Slot<T> {
+    /// Keeps the slot through idleness (see `pinned`).
+    pub fn pin(&self) {
+        self.pinned.store(true, Ordering::Relaxed);
+    }
+
+    fn pinned(&self) -> bool {
+        self.pinned.load(Ordering::Relaxed)
+    }
+
+    /// Unix milliseconds after which the owner is gone (`u64::MAX`: never).
+    pub fn expires_ms(&self) -> u64 {
+        self.expires_ms
+    }
+}
+
+/// The pool of one backend.
+pub struct Pool<T> {
+    slots: Mutex<HashMap<OwnerKey, Arc<Slot<T>>>>,
+    cap: usize,
+    idle: Duration,
+    epoch: Instant,
+}
+
+/// Unix time in milliseconds.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl<T> Pool<T> {
+    pub fn new(cap: usize, idle: Duration) -> Pool<T> {
+        Pool {
+            slots: Mutex::new(HashMap::new()),
+            cap: cap.max(1),
+            idle,
+            epoch: Instant::now(),
+        }
+    }
+
+    /// How long a slot may stay unused.
+    pub fn idle(&self) -> Duration {
+        self.idle
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerKey, Arc<Slot<T>>>> {
+        // Never held across anything that can panic; recover from poison anyway.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The slot of `key`, made by `make` when there is none, marked used. Also returns the
+    /// slots evicted to stay within the cap, for the caller to close.
+    pub fn get_or_insert_with(
+        &self,
+        key: OwnerKey,
+        expires_ms: u64,
+        make: impl FnOnce() -> T,
+    ) -> (Arc<Slot<T>>, Vec<Arc<Slot<T>>>) {
+        let now = self.now();
+        let mut slots = self.lock();
+        if let Some(s) = slots.get(&key) {
+            s.last_used.store(now, Ordering::Relaxed);
+            return (s.clone(), Vec::new());
+        }
+        let mut evicted = Vec::new();
+        while slots.len() >= self.cap {
+            // The least recently used slot no request holds; if every one is busy, the least
+            // recently used of all (the cap is a bound, not a wish).
+            let lru = |busy_ok: bool| {
+                slots
+                    .values()
+                    .filter(|s| busy_ok || (Arc::strong_count(s) == 1 && !s.pinned()))
+                    .min_by_key(|s| s.last_used.load(Ordering::Relaxed))
+                    .map(|s| s.key)
+            };
+            let Some(victim) = lru(false).or_else(|| lru(true)) else {
+                break;
+            };
+            if let Some(s) = slots.remove(&victim) {
+                evicted.push(s);
+            }
+        }
+        let slot = Arc::new(Slot {
+            key,
+            value: make(),
+            last_used: AtomicU64::new(now),
+            expires_ms,
+            pinned: Default::default(),
+        });
+        slots.insert(key, slot.clone());
+        (slot, evicted)
+    }
+
+    /// The slot of `key`, if any (not marked used).
+    pub fn get(&self, key: &OwnerKey) -> Option<Arc<Slot<T>>> {
+        self.lock().get(key).cloned()
+    }
+
+    /// Marks a slot used now.
+    pub fn touch(&self, slot: &Slot<T>) {
+        slot.last_used.store(self.now(), Ordering::Relaxed);
+    }
+
+    /// Takes `key`'s slot out of the pool.
+    pub fn remove(&self, key: &OwnerKey) -> Option<Arc<Slot<T>>> {
+        self.lock().remove(key)
+    }
+
+    /// Takes out the slots unused for longer than the idle time, or whose owner expired,
+    /// except those a request holds right now.
+    pub fn reap(&self) -> Vec<Arc<Slot<T>>> {
+        let now = self.now();
+        let idle = self.idle.as_millis() as u64;
+        let unix = unix_ms();
+        let mut slots = self.lock();
+        let stale: Vec<OwnerKey> = slots
+            .values()
+            .filter(|s| Arc::strong_count(s) == 1 && !s.pinned())
+            .filter(|s| {
+                now.saturating_sub(s.last_used.load(Ordering::Relaxed)) >= idle
+                    || s.expires_ms <= unix
+            })
+            .map(|s| s.key)
+            .collect();
+        stale.iter().filter_map(|k| slots.remove(k)).collect()
+    }
+
+    /// Takes every slot out (shutdown).
+    pub fn drain(&self) -> Vec<Arc<Slot<T>>> {
+        self.lock().drain().map(|(_, s)| s).collect()
+    }
+
+    /// Slots held now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> OwnerKey {
+        [n; 32]
+    }
+
+    #[test]
+    fn the_least_recently_used_idle_slot_is_evicted_at_the_cap() {
+        let pool = Pool::new(2, Duration::from_secs(60));
+        let (a, _) = pool.get_or_insert_with(key(1), u64::MAX, || "a");
+        std::thread::sleep(Duration::from_millis(3));
+        let (b, _) = pool.get_or_insert_with(key(2), u64::MAX, || "b");
+        drop(b);
+        std::thread::sleep(Duration::from_millis(3));
+        // `a` is older but held by a request: `b` goes.
+        let (_c, evicted) = pool.get_or_insert_with(key(3), u64::MAX, || "c");
+        assert_eq!(evicted.iter().map(|s| s.value).collect::<Vec<_>>(), ["b"]);
+        drop(a);
+        drop(evicted);
+        let (_d, evicted) = pool.get_or_insert_with(key(4), u64::MAX, || "d");
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(pool.len(), 2);
+        // The same key again is the same slot.
+        let (d2, evicted) = pool.get_or_insert_with(key(4), u64::MAX, || "other");
+        assert!(evicted.is_empty());
+        assert_eq!(d2.value, "d");
+    }
+
+    #[test]
+    fn idle_and_expired_slots_are_reaped_unless_held() {
+        let pool = Pool::new(8, Duration::from_millis(5));
+        let (held, _) = pool.get_or_insert_with(key(1), u64::MAX, || 1);
+        drop(pool.get_or_insert_with(key(2), u64::MAX, || 2));
+        drop(pool.get_or_insert_with(key(3), 0, || 3)); // already expired
+        assert_eq!(pool.reap().iter().map(|s| s.value).collect::<Vec<_>>(), [3]);
+        std::thread::sleep(Duration::from_millis(10));
+        let reaped: Vec<_> = pool.reap().iter().map(|s| s.value).collect();
+        assert_eq!(reaped, [2]);
+        assert_eq!(pool.len(), 1);
+        drop(held);
+        assert_eq!(pool.reap().len(), 1);
+        assert!(pool.is_empty());
+    }
+}
