@@ -31,7 +31,10 @@ pub const OTHER: &str = "other";
 /// it).
 #[derive(Default)]
 pub struct KnownTools {
-    names: RwLock<HashMap<Box<str>, ToolSeries>>,
+    /// foldhash: every `tools/call` looks its name up here, and SipHash cost more than the rest
+    /// of the lookup. Its per-process random seed keeps lookups of client-chosen names
+    /// unpredictable; the backend's list alone decides what is inserted.
+    names: RwLock<HashMap<Box<str>, ToolSeries, foldhash::fast::RandomState>>,
     other: ToolSeries,
 }
 

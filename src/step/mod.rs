@@ -483,7 +483,8 @@ async fn pass_through(
     if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
         return Ok(Answer::Relayed(relay_response(parts, Body::Relay(relay))));
     }
-    let refusal = read_small(relay).await;
+    // Boxed: a rare path, kept out of the pass-through future's state.
+    let refusal = Box::pin(read_small(relay)).await;
     if backend.cfg.protocol != Protocol::Auto
         || blames_the_request(&refusal)
         || bridge::classify_http(status.as_u16(), std::slice::from_ref(&refusal))
