@@ -700,13 +700,14 @@ mod bridged {
         let r = call(&url, json!(1), "pid", json!({})).await;
         let pid = r.json()["result"]["structuredContent"]["pid"].clone();
         assert!(pid.is_u64(), "{:?}", r.body);
-        // The child closes stdout and takes 400 ms to exit; requests sent meanwhile are queued
-        // for the child generation that is about to die.
+        // The child closes stdout and takes 1.5 s to exit; requests sent meanwhile are queued
+        // for the child generation that is about to die. The margins are wide because on a busy
+        // machine the Python child can take a few hundred ms to reach `slow_exit`.
         let dying = {
             let url = url.clone();
-            tokio::spawn(async move { call(&url, json!(2), "slow_exit", json!({"ms": 400})).await })
+            tokio::spawn(async move { call(&url, json!(2), "slow_exit", json!({"ms": 1500})).await })
         };
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let r = call(&url, json!(3), "echo", json!({"text": "after"})).await;
         assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
         let res = &r.json()["result"];
