@@ -587,7 +587,52 @@ fn state_families(mirrors: &Mirrors<'_>) -> Vec<MetricFamily> {
         stats.bytes,
         false,
     ));
+    out.extend(single(
+        "portico_parked_calls",
+        "Calls of initialize-era backends waiting for a client's answers to the server's \
+         requests (elicitation, sampling, roots), each for at most input_hold_ms.",
+        PARKED.load(Ordering::Relaxed) as u64,
+        false,
+    ));
+    out.extend(single(
+        "portico_parked_expired_total",
+        "Parked calls whose hold (input_hold_ms) ran out: the server's request was answered \
+         with an error.",
+        PARKED_EXPIRED.load(Ordering::Relaxed),
+        true,
+    ));
     out
+}
+
+/// Calls parked for a client's input in this process, across config generations.
+static PARKED: AtomicUsize = AtomicUsize::new(0);
+static PARKED_EXPIRED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one parked call for as long as it lives (`portico_parked_calls`).
+pub struct ParkedCall(());
+
+impl ParkedCall {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> ParkedCall {
+        PARKED.fetch_add(1, Ordering::Relaxed);
+        ParkedCall(())
+    }
+}
+
+impl Drop for ParkedCall {
+    fn drop(&mut self) {
+        PARKED.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Parked calls alive now.
+pub fn parked_calls() -> usize {
+    PARKED.load(Ordering::Relaxed)
+}
+
+/// Counts a parked call whose hold ran out (`portico_parked_expired_total`).
+pub fn parked_expired() {
+    PARKED_EXPIRED.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The `outcome` label words, by [`outcome_index`].

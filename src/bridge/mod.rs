@@ -43,11 +43,14 @@
 //! and cancellation); this file holds the request entry points ([`call`], `discover`,
 //! `send_raw`).
 
+mod input;
 mod owner;
 mod probe;
 mod session;
 mod translate;
 
+pub use input::forget as forget_input;
+pub use input::{InputSide, answer as answer_input, capability_for, expect as expect_input};
 pub use owner::{Owner, digest};
 
 pub use probe::{
@@ -194,6 +197,18 @@ pub async fn call(
             "subscriptions/listen is not bridged to initialize-era backends".into(),
         ));
     }
+    if let Some(id) = client_id
+        && input::is_retry(method, body)
+    {
+        // A 2026-07-28 client answering the questions of a call portico parked.
+        return match input::resume(b, owner.input.as_ref(), owner.scope, method, id, body).await? {
+            Ok(reply) => Ok(Bridged::Answer(reply)),
+            Err(input::Elsewhere(replica)) => Err(GatewayError::InvalidParams(format!(
+                "requestState names a call parked on another portico replica ({replica}); the \
+                 retry must reach that replica"
+            ))),
+        };
+    }
     for attempt in 0..2 {
         let (slot, s) = match session_or_modern(b, owner, deadline).await {
             Ok(held) => held,
@@ -245,7 +260,23 @@ pub async fn call(
             forget_session(&slot, &s);
             continue;
         }
-        return Ok(Bridged::Answer(translate(reply, mapping, guard)));
+        let io = input::FlowIo {
+            // A read goes through the cache, which reads answers whole: nothing can be relayed
+            // mid-stream there (a parked read answers `input_required` as a whole answer).
+            side: owner
+                .input
+                .clone()
+                .filter(|s| method != "resources/read" || !matches!(s, InputSide::Relay)),
+            owner: owner.key,
+            scope: owner.scope,
+            caps: owner.capabilities_text().into(),
+            hold: std::time::Duration::from_millis(b.cfg.input_hold_ms),
+            deadline,
+            team: team.to_vec(),
+            method: method.to_string(),
+            body: body.clone(),
+        };
+        return Ok(Bridged::Answer(translate(reply, mapping, guard, io)));
     }
     Err(GatewayError::BackendFailed {
         backend: b.name.to_string(),
