@@ -351,7 +351,23 @@ struct Parked {
     flow: Flow,
     /// Unanswered: (key in `inputRequests`, the server's id, `{method, params}`).
     waiting: Vec<(String, Value, Value)>,
-    _count: crate::metrics::ParkedCall,
+    _count: ParkedCount,
+}
+
+/// Counts one parked call on its backend for as long as it lives (`portico_parked_calls`).
+struct ParkedCount(Arc<Backend>);
+
+impl ParkedCount {
+    fn new(b: &Arc<Backend>) -> ParkedCount {
+        b.bridge.parked.fetch_add(1, Ordering::Relaxed);
+        ParkedCount(b.clone())
+    }
+}
+
+impl Drop for ParkedCount {
+    fn drop(&mut self) {
+        self.0.bridge.parked.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Parked {
@@ -434,19 +450,21 @@ fn park_waiting(flow: Flow, waiting: Vec<(String, Value, Value)>) -> Bytes {
     modernize_result(&mut result, &flow.m);
     let out = json!({"jsonrpc":"2.0","id":flow.m.client_id.to_value(),"result":result});
     tracing::debug!(backend = %flow.guard.backend.name, n = waiting.len(), "call parked for the client's input");
+    let count = ParkedCount::new(&flow.guard.backend);
     parked().insert(
         pid.clone(),
         Parked {
             flow,
             waiting,
-            _count: crate::metrics::ParkedCall::new(),
+            _count: count,
         },
     );
     tokio::spawn(async move {
         tokio::time::sleep(hold).await;
         let gone = parked().remove(&pid);
         if let Some(p) = gone {
-            crate::metrics::parked_expired();
+            let b = &p.flow.guard.backend;
+            b.bridge.parked_expired.fetch_add(1, Ordering::Relaxed);
             tracing::info!(backend = %p.flow.guard.backend.name, "a parked call's hold ended; the server gets an error");
             p.expire().await;
         }

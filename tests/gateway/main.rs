@@ -10,6 +10,7 @@ mod cli;
 mod common;
 mod core;
 mod hardening;
+mod input;
 mod interop;
 mod layers;
 mod legacy;
