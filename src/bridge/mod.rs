@@ -31,17 +31,18 @@
 //!   `notifications/cancelled` with the *upstream* request id, in the client's own session. A
 //!   client's own `notifications/cancelled` is never forwarded: its id is in the client's id
 //!   space, which the session never saw.
-//! - Server-initiated requests a 2026-07-28 client cannot receive (sampling, elicitation, roots)
-//!   are answered with an error so the server never hangs; `ping` is answered. Relaying them
-//!   later needs no new bookkeeping of who asked: a request arrives on the stream of one call
-//!   ([`translate`]'s `Mapping`: the client's id), inside one owner's session (`Owner`, held by
-//!   the call's `CancelGuard` slot), and on stdio the transport's pending map names the call
-//!   by its gateway id — so the client that owns the call is always known.
+//! - **Server-initiated requests** during a call (sampling, elicitation, roots; `input`): a
+//!   request arrives on the stream of one call ([`translate`]'s `Mapping`: the client's id),
+//!   inside one owner's session (`Owner`, held by the call's `CancelGuard` slot), so the client
+//!   that owns the call is always known. An initialize-era client gets it relayed; a 2026-07-28
+//!   client gets `input_required` and the call is parked until its retry or `input_hold_ms`
+//!   (docs/protocol.md §8 item 15). `ping` is answered. On stdio the transport answers them
+//!   itself (see above).
 //!
 //! Files: `probe` (era classification, the probe), `owner` (whose session a request uses),
 //! `session` (the per-owner sessions and their handshake), `translate` (message translation
-//! and cancellation); this file holds the request entry points ([`call`], `discover`,
-//! `send_raw`).
+//! and cancellation), `input` (server requests during a call); this file holds the request
+//! entry points ([`call`], `discover`, `send_raw`).
 
 mod input;
 mod owner;

@@ -472,3 +472,69 @@ async fn a_legacy_client_without_the_capability_gets_an_error_naming_it() {
     assert!(r.messages().iter().all(|m| m.get("method").is_none()));
     gw.stop().await;
 }
+
+/// Two replicas with one `[sessions] key`: a retry that lands on the replica not holding the
+/// call gets a clear `-32602` naming the one that does (portico does not forward it; README
+/// "Scale-out"); on the owner it completes.
+#[tokio::test]
+async fn a_retry_on_another_replica_is_refused_naming_the_owner() {
+    let mock = legacy_mock().await;
+    let replica = |name: &str| {
+        format!(
+            "[sessions]\nkey = \"one key for both replicas\"\nadvertise_url = \"http://{name}:8080\""
+        )
+    };
+    let one = Gateway::start(&config(&mock.url(), &replica("replica-one"), 5000)).await;
+    let two = Gateway::start(&config(&mock.url(), &replica("replica-two"), 5000)).await;
+    let call = json!({"name":"ask","arguments":{}});
+    let r = modern(
+        &one.url("/mcp/b"),
+        None,
+        json!(1),
+        "tools/call",
+        call,
+        ASKABLE,
+    )
+    .await;
+    let result = r.result()["result"].clone();
+    assert_eq!(result["resultType"], "input_required", "{result}");
+    let (key, _) = result["inputRequests"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .next()
+        .unwrap();
+    let retry = json!({"name":"ask","arguments":{},
+        "inputResponses":{key.clone(): answer_for("elicitation/create")},
+        "requestState": result["requestState"]});
+    let r = modern(
+        &two.url("/mcp/b"),
+        None,
+        json!(2),
+        "tools/call",
+        retry.clone(),
+        ASKABLE,
+    )
+    .await;
+    assert_eq!((r.status, r.code()), (400, -32602), "{:?}", r.body);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("http://replica-one:8080"), "{msg}");
+    let r = modern(
+        &one.url("/mcp/b"),
+        None,
+        json!(3),
+        "tools/call",
+        retry,
+        ASKABLE,
+    )
+    .await;
+    assert_eq!(
+        r.result()["result"]["resultType"],
+        "complete",
+        "{:?}",
+        r.body
+    );
+    assert!(text(&r).contains("octocat"));
+    one.stop().await;
+    two.stop().await;
+}
