@@ -294,11 +294,11 @@ pub struct SessionsConfig {
     /// Lifetime of a session id.
     #[serde(default = "default_session_ttl_ms")]
     pub ttl_ms: u64,
-    /// A name for this replica (e.g. its own URL, `http://10.0.0.5:8080`), sealed into the
-    /// `requestState` of calls parked here. A parked call lives in the memory of the replica
-    /// that parked it, so its retry must reach that replica (sticky routing, README "Input
-    /// requests"); a retry that lands on another replica is refused with `-32602` naming this
-    /// value. Absent: the refusal cannot name the owner. portico does not forward retries.
+    /// This replica's own base URL as the other replicas reach it (`http://10.0.0.5:8080`),
+    /// sealed into the `requestState` of calls parked here. A parked call lives in the memory
+    /// of the replica that parked it; a retry that lands on another replica is forwarded to
+    /// this URL (`/mcp/<backend>`, with the client's credential) once. Absent: such a retry is
+    /// refused with `-32602` (README "Scale-out").
     pub advertise_url: Option<String>,
 }
 

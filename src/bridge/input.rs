@@ -189,6 +189,11 @@ struct ServerRequest {
 }
 
 fn server_request(msg: &[u8]) -> Option<ServerRequest> {
+    // Most messages of a call's stream are its response (and progress): skip parsing those
+    // that cannot be a request (`from_legacy` parses each message once anyway).
+    if !msg.windows(8).any(|w| w == b"\"method\"") {
+        return None;
+    }
     let v: Value = serde_json::from_slice(msg).ok()?;
     let method = v.get("method")?.as_str()?.to_string();
     let id = v.get("id").filter(|i| !i.is_null())?.clone();
@@ -508,9 +513,66 @@ fn refuse(why: impl Into<String>) -> GatewayError {
 /// Where a retry must go instead, when another replica holds its call.
 pub struct Elsewhere(pub String);
 
+/// Marks a retry one replica forwarded to another: it is never forwarded again.
+pub const FORWARDED: &str = "portico-forwarded";
+
+/// Forwards a retry to the replica holding its call (`[sessions] advertise_url`, sealed in the
+/// state, so only this deployment names where it goes) at that replica's `/mcp/<backend>`, with
+/// the client's own credential — the owner authenticates it again and checks the state against
+/// it — and returns that replica's answer as it comes. A retry that was already forwarded once
+/// is refused instead (replicas that disagree on their names would otherwise loop).
+pub(super) async fn forward(
+    b: &Arc<Backend>,
+    replica: &str,
+    method: &str,
+    body: &Bytes,
+    client_headers: &HeaderMap,
+    deadline: Instant,
+) -> Result<Reply, GatewayError> {
+    let elsewhere = |why: &str| {
+        refuse(format!(
+            "requestState names a call parked on another portico replica ({replica}); {why}"
+        ))
+    };
+    if client_headers.contains_key(FORWARDED) {
+        return Err(elsewhere(
+            "this retry was already forwarded once: the replicas' advertise_url must name \
+             themselves",
+        ));
+    }
+    let url = format!("{}/mcp/{}", replica.trim_end_matches('/'), b.name);
+    let mut cfg = b.cfg.clone();
+    cfg.headers.clear();
+    cfg.url = Some(url.clone());
+    cfg.max_idle_connections = 1;
+    let peer = crate::upstream::http::HttpUpstream::new(&cfg, &url)
+        .map_err(|e| elsewhere(&format!("it cannot be reached ({e})")))?;
+    let mut extra = vec![(
+        HeaderName::from_static(FORWARDED),
+        HeaderValue::from_static("1"),
+    )];
+    if let Some(credential) = client_headers.get(http::header::AUTHORIZATION) {
+        extra.push((http::header::AUTHORIZATION, credential.clone()));
+    }
+    // The body's own name (on an aggregated endpoint the client's header carries the prefix).
+    let name = crate::protocol::encode_header_value(&request_name(method, body));
+    if let Ok(v) = HeaderValue::from_str(&name) {
+        extra.push((HeaderName::from_static("mcp-name"), v));
+    }
+    tracing::debug!(backend = %b.name, replica, "retry forwarded to the replica holding its call");
+    let req = peer.request(client_headers, &extra, body.clone());
+    Arc::new(peer)
+        .call(req, deadline)
+        .await
+        .map_err(|e| GatewayError::BackendFailed {
+            backend: b.name.to_string(),
+            detail: format!("forwarding a retry to the replica holding its call ({replica}): {e}"),
+        })
+}
+
 /// A 2026-07-28 client's retry of a parked call: checks its `requestState`, delivers its
-/// `inputResponses` to the server and reads the call on (it may ask again). `Err(Ok(url))`
-/// when the call is parked on another replica, reachable at `url`.
+/// `inputResponses` to the server and reads the call on (it may ask again). `Ok(Err(_))`
+/// when the call is parked on another replica, reachable at the URL it names ([`forward`]).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn resume(
     b: &Arc<Backend>,

@@ -204,10 +204,11 @@ pub async fn call(
         // A 2026-07-28 client answering the questions of a call portico parked.
         return match input::resume(b, owner.input.as_ref(), owner.scope, method, id, body).await? {
             Ok(reply) => Ok(Bridged::Answer(reply)),
-            Err(input::Elsewhere(replica)) => Err(GatewayError::InvalidParams(format!(
-                "requestState names a call parked on another portico replica ({replica}); the \
-                 retry must reach that replica"
-            ))),
+            Err(input::Elsewhere(replica)) => {
+                input::forward(b, &replica, method, body, client_headers, deadline)
+                    .await
+                    .map(Bridged::Answer)
+            }
         };
     }
     for attempt in 0..2 {

@@ -473,58 +473,104 @@ async fn a_legacy_client_without_the_capability_gets_an_error_naming_it() {
     gw.stop().await;
 }
 
-/// Two replicas with one `[sessions] key`: a retry that lands on the replica not holding the
-/// call gets a clear `-32602` naming the one that does (portico does not forward it; README
-/// "Scale-out"); on the owner it completes.
+/// Two replicas with one `[sessions] key`, each naming itself in `advertise_url`: a retry
+/// that lands on the replica not holding the call is forwarded to the one that does and
+/// completes there (its principal authenticated again by the owner); a retry that was already
+/// forwarded once, or comes from another principal, is refused.
 #[tokio::test]
-async fn a_retry_on_another_replica_is_refused_naming_the_owner() {
+async fn a_retry_on_another_replica_is_forwarded_to_the_owner() {
     let mock = legacy_mock().await;
-    let replica = |name: &str| {
+    let (l1, l2) = (
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    );
+    let (a1, a2) = (l1.local_addr().unwrap(), l2.local_addr().unwrap());
+    let replica = |addr: std::net::SocketAddr| {
         format!(
-            "[sessions]\nkey = \"one key for both replicas\"\nadvertise_url = \"http://{name}:8080\""
+            "[sessions]\nkey = \"one key for both replicas\"\nadvertise_url = \"http://{addr}\"\n{}",
+            auth()
         )
     };
-    let one = Gateway::start(&config(&mock.url(), &replica("replica-one"), 5000)).await;
-    let two = Gateway::start(&config(&mock.url(), &replica("replica-two"), 5000)).await;
-    let call = json!({"name":"ask","arguments":{}});
-    let r = modern(
-        &one.url("/mcp/b"),
-        None,
-        json!(1),
-        "tools/call",
-        call,
-        ASKABLE,
-    )
-    .await;
-    let result = r.result()["result"].clone();
-    assert_eq!(result["resultType"], "input_required", "{result}");
-    let (key, _) = result["inputRequests"]
-        .as_object()
-        .unwrap()
-        .iter()
-        .next()
-        .unwrap();
-    let retry = json!({"name":"ask","arguments":{},
-        "inputResponses":{key.clone(): answer_for("elicitation/create")},
-        "requestState": result["requestState"]});
-    let r = modern(
-        &two.url("/mcp/b"),
-        None,
-        json!(2),
-        "tools/call",
-        retry.clone(),
-        ASKABLE,
-    )
-    .await;
+    let one = Gateway::start_on(&config(&mock.url(), &replica(a1), 5000), l1).await;
+    let two = Gateway::start_on(&config(&mock.url(), &replica(a2), 5000), l2).await;
+    let mut parked = Vec::new();
+    for id in [1, 2] {
+        let call = json!({"name":"ask","arguments":{}});
+        let r = modern(
+            &one.url("/mcp/b"),
+            Some(ALICE),
+            json!(id),
+            "tools/call",
+            call,
+            ASKABLE,
+        )
+        .await;
+        let result = r.result()["result"].clone();
+        assert_eq!(result["resultType"], "input_required", "{result}");
+        let (key, _) = result["inputRequests"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .next()
+            .unwrap();
+        parked.push(json!({"name":"ask","arguments":{},
+            "inputResponses":{key.clone(): answer_for("elicitation/create")},
+            "requestState": result["requestState"]}));
+    }
+    gauge_reaches(&one, 2.0).await;
+
+    // Already forwarded once (as a replica would mark it): refused, naming the owner.
+    let name = format!("http://{a1}");
+    let mut h = modern_headers("tools/call", Some("ask"));
+    h.push(("portico-forwarded", "1"));
+    let bearer = format!("Bearer {ALICE}");
+    h.push(("authorization", &bearer));
+    let mut body: Value =
+        serde_json::from_str(&modern_body(json!(3), "tools/call", parked[0].clone())).unwrap();
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+        serde_json::from_str(ASKABLE).unwrap();
+    let r = send("POST", &two.url("/mcp/b"), &h, body.to_string()).await;
     assert_eq!((r.status, r.code()), (400, -32602), "{:?}", r.body);
     let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
-    assert!(msg.contains("http://replica-one:8080"), "{msg}");
+    assert!(
+        msg.contains(&name) && msg.contains("forwarded once"),
+        "{msg}"
+    );
+
+    // Another principal on the other replica: refused there, nothing forwarded.
+    let r = modern(
+        &two.url("/mcp/b"),
+        Some(BOB),
+        json!(6),
+        "tools/call",
+        parked[0].clone(),
+        ASKABLE,
+    )
+    .await;
+    assert_eq!(r.code(), -32602, "{:?}", r.body);
+    // On the other replica, by its principal (the credential travels with the retry):
+    // forwarded to the owner, completes.
+    let r = modern(
+        &two.url("/mcp/b"),
+        Some(ALICE),
+        json!(4),
+        "tools/call",
+        parked[0].clone(),
+        ASKABLE,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let res = r.result();
+    assert_eq!(res["id"], 4, "{res}");
+    assert_eq!(res["result"]["resultType"], "complete", "{res}");
+    assert!(text(&r).contains("octocat"));
+    // On the owner itself: completes.
     let r = modern(
         &one.url("/mcp/b"),
-        None,
-        json!(3),
+        Some(ALICE),
+        json!(5),
         "tools/call",
-        retry,
+        parked[1].clone(),
         ASKABLE,
     )
     .await;
@@ -534,7 +580,7 @@ async fn a_retry_on_another_replica_is_refused_naming_the_owner() {
         "{:?}",
         r.body
     );
-    assert!(text(&r).contains("octocat"));
+    gauge_reaches(&one, 0.0).await;
     one.stop().await;
     two.stop().await;
 }
