@@ -16,7 +16,8 @@
 //!   and reads on. A parked call is answered with an error and dropped (the server hears
 //!   `notifications/cancelled`) when its hold ends, by a timer armed when it parks: nothing
 //!   outlives `input_hold_ms` (`portico_parked_calls`).
-//! - portico's own traffic (no side): refused, as before — the server never waits.
+//! - portico's own traffic, and an initialize-era client's `resources/read` (read whole through
+//!   the cache: nothing can be relayed mid-stream) (no side): refused — the server never waits.
 //!
 //! The client must have declared the capability the request needs (`elicitation`, `sampling`,
 //! `roots`); otherwise the server's request is answered with `-32601` naming it and the call
@@ -252,10 +253,13 @@ impl Flow {
         let Some(side) = self.io.side.clone() else {
             tracing::warn!(
                 method = req.method,
-                "legacy server asked portico's own request something; refused"
+                "legacy server asked something during a request that cannot relay it; refused"
             );
+            // portico's own traffic, or a legacy client's `resources/read` (read whole
+            // through the cache, so nothing can be relayed mid-stream).
             let msg = format!(
-                "{} cannot be answered: the request is portico's own",
+                "{} cannot be answered during this request (portico's own, or a read through \
+                 its cache)",
                 req.method
             );
             self.send_up(error_to_server(&req.id, code::METHOD_NOT_FOUND, &msg));

@@ -149,6 +149,40 @@ async fn a_legacy_backends_requests_are_relayed_to_a_legacy_client() {
     gw.stop().await;
 }
 
+/// A legacy client that never answers a relayed request: the server gets an error when
+/// `input_hold_ms` runs out, and the call completes.
+#[tokio::test]
+async fn an_unanswered_relayed_request_gets_the_server_an_error_at_the_hold() {
+    let mock = legacy_mock().await;
+    let hold = 400;
+    let gw = Gateway::start(&config(&mock.url(), "", hold)).await;
+    let client = Old::connect(&gw.url("/mcp/b"), None, ASKABLE).await;
+    let mut events = Events::open(
+        &client,
+        json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
+            "params":{"name":"ask","arguments":{"method":"roots/list"}}}),
+    )
+    .await;
+    let req = events.next().await.expect("the server's request");
+    let relayed_at = Instant::now();
+    assert_eq!(req["method"], "roots/list");
+    let answers = mock.wait_answers(1, Duration::from_secs(5)).await;
+    let (at, answer) = answers.first().expect("the server heard back").clone();
+    let waited = at.duration_since(relayed_at);
+    assert!(
+        waited <= Duration::from_millis(hold + 500),
+        "after {waited:?}"
+    );
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert!(
+        answer["id"].as_str().unwrap().starts_with("srv-"),
+        "{answer}"
+    );
+    let last = events.next().await.expect("the result");
+    assert_eq!(last["id"], 1, "{last}");
+    gw.stop().await;
+}
+
 /// A legacy client that did not declare the capability is not asked: the server gets
 /// `-32601` naming the capability and the call goes on.
 #[tokio::test]
@@ -329,6 +363,12 @@ async fn tampered_foreign_and_expired_states_are_refused_and_the_server_hears_in
         "{answer}"
     );
     gauge_reaches(&gw, 0.0).await;
+    let scrape = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let scrape = String::from_utf8_lossy(&scrape.body).to_string();
+    assert!(
+        scrape.contains("portico_parked_expired_total{backend=\"b\"} 1"),
+        "{scrape}"
+    );
 
     // Expired.
     let r = modern(
