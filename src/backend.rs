@@ -200,6 +200,10 @@ pub struct BridgeState {
     /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
     /// One GET stream per session serves both (servers may allow only one).
     pub(crate) notes: tokio::sync::broadcast::Sender<Bytes>,
+    /// Calls parked for a 2026-07-28 client's answers (`bridge::input`), now.
+    pub parked: AtomicU64,
+    /// Parked calls whose hold ran out.
+    pub parked_expired: AtomicU64,
 }
 
 impl BridgeState {
@@ -213,6 +217,8 @@ impl BridgeState {
             reaper: AtomicBool::new(false),
             next_id: Default::default(),
             notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
+            parked: AtomicU64::new(0),
+            parked_expired: AtomicU64::new(0),
         }
     }
 

@@ -46,6 +46,9 @@ pub const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 256;
 pub const DEFAULT_MAX_UPSTREAM_SESSIONS: usize = 64;
 /// An upstream session unused this long is closed (its client's next request opens a new one).
 pub const DEFAULT_UPSTREAM_IDLE_MS: u64 = 10 * 60 * 1000;
+/// How long a call of an initialize-era backend waits parked for the client's answers to the
+/// server's requests (elicitation, sampling, roots) before the server gets an error.
+pub const DEFAULT_INPUT_HOLD_MS: u64 = 60_000;
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_READY_MIN_BACKENDS: usize = 1;
 pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 10_000;
@@ -294,6 +297,12 @@ pub struct SessionsConfig {
     /// Lifetime of a session id.
     #[serde(default = "default_session_ttl_ms")]
     pub ttl_ms: u64,
+    /// This replica's own base URL as the other replicas reach it (`http://10.0.0.5:8080`),
+    /// sealed into the `requestState` of calls parked here. A parked call lives in the memory
+    /// of the replica that parked it; a retry that lands on another replica is forwarded to
+    /// this URL (`/mcp/<backend>`, with the client's credential) once. Absent: such a retry is
+    /// refused with `-32602` (README "Scale-out").
+    pub advertise_url: Option<String>,
 }
 
 impl Default for SessionsConfig {
@@ -301,6 +310,7 @@ impl Default for SessionsConfig {
         SessionsConfig {
             key: None,
             ttl_ms: DEFAULT_SESSION_TTL_MS,
+            advertise_url: None,
         }
     }
 }
@@ -489,6 +499,12 @@ pub struct BackendConfig {
     /// An upstream session (or per-client stdio child) unused this long is closed.
     #[serde(default = "default_upstream_idle_ms")]
     pub upstream_idle_ms: u64,
+    /// Initialize-era backends: how long a call whose server asked the client something
+    /// (`elicitation/create`, `sampling/createMessage`, `roots/list`) waits for the answer —
+    /// parked for a 2026-07-28 client's retry, or relayed to an initialize-era client — before
+    /// the server's request is answered with an error. Also bounded by `timeout_ms`.
+    #[serde(default = "default_input_hold_ms")]
+    pub input_hold_ms: u64,
 }
 
 impl BackendConfig {
@@ -746,6 +762,9 @@ fn default_max_upstream_sessions() -> usize {
 fn default_upstream_idle_ms() -> u64 {
     DEFAULT_UPSTREAM_IDLE_MS
 }
+fn default_input_hold_ms() -> u64 {
+    DEFAULT_INPUT_HOLD_MS
+}
 fn default_sampling_ratio() -> f64 {
     DEFAULT_SAMPLING_RATIO
 }
@@ -915,6 +934,9 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
                 key("max_upstream_sessions"),
                 "must be greater than 0",
             ));
+        }
+        if b.input_hold_ms == 0 {
+            return Err(invalid(key("input_hold_ms"), "must be greater than 0"));
         }
         if b.upstream_idle_ms == 0 {
             return Err(invalid(key("upstream_idle_ms"), "must be greater than 0"));

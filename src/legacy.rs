@@ -14,11 +14,13 @@
 //! expired id → 404, while an unknown method in a live session → 200 with `-32601`.
 //! `notifications/cancelled` cancels the client's own call (`step::calls`).
 //!
-//! What legacy clients do not get: the GET stream (405, which the spec allows), server-initiated
-//! requests, and `input_required` results (refused with an error naming the reason).
+//! Server requests reach a legacy client on its call's SSE stream: a legacy backend's
+//! (`bridge::input`, relayed with portico's ids) and a 2026-07-28 backend's `input_required`
+//! (`relay`, asked as real requests, the call retried with the answers); the client's answer
+//! POSTs are routed back by id. What legacy clients do not get: the GET stream (405, which the
+//! spec allows).
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -33,14 +35,16 @@ use crate::frontend::{self, Head};
 use crate::protocol::{
     self, Kind, LATEST_VERSION, LEGACY_VERSIONS, RequestId, code, header as h, meta,
 };
+use crate::relay;
 use crate::router::{Route, dispatch};
 use crate::session::SessionData;
 use crate::step::{Core, RequestCtx};
-use crate::upstream::{MessageStream, Reply};
 
 /// Serves one POST from an initialize-era client.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     core: &Core,
+    generation: relay::Generation,
     ctx: &mut RequestCtx,
     path: &str,
     route: &Route,
@@ -75,7 +79,7 @@ pub async fn serve(
     // From here the session is live: the only 404 its client may see is the session's end,
     // which the SDKs read as "start over" — so an unknown method is 200 + -32601.
     match in_session(
-        core, ctx, route, headers, head, &env, body, &session, deadline,
+        core, generation, ctx, route, headers, head, &env, body, &session, deadline,
     )
     .await
     {
@@ -133,6 +137,8 @@ fn owner_of(sid: &str, session: &SessionData) -> Arc<bridge::Owner> {
         session.exp,
     );
     owner.sealed = session.up.clone();
+    // The server's requests during its calls reach it on the call's stream.
+    owner.input = Some(bridge::InputSide::Relay);
     Arc::new(owner)
 }
 
@@ -140,6 +146,7 @@ fn owner_of(sid: &str, session: &SessionData) -> Arc<bridge::Owner> {
 #[allow(clippy::too_many_arguments)]
 async fn in_session(
     core: &Core,
+    generation: relay::Generation,
     ctx: &mut RequestCtx,
     route: &Route,
     headers: &HeaderMap,
@@ -156,6 +163,19 @@ async fn in_session(
             "Unsupported protocol version: {v} (this session negotiated {})",
             session.v
         )));
+    }
+    if env.kind == Kind::Response {
+        // The client's answer to a server request portico relayed during one of its calls.
+        if let (Some(id), Some(owner)) = (&env.id, &ctx.client) {
+            let msg = serde_json::from_slice::<Value>(&body).unwrap_or_default();
+            if !bridge::answer_input(owner.key, id, msg) {
+                tracing::debug!(
+                    id = id.json(),
+                    "an answer to no request waiting in this session"
+                );
+            }
+        }
+        return Ok(accepted());
     }
     let Some(id) = env.id.clone() else {
         if env.method == "notifications/cancelled"
@@ -175,8 +195,7 @@ async fn in_session(
                 );
             }
         }
-        // notifications/initialized, cancelled, or answers to server requests (portico sends
-        // none): accepted.
+        // notifications/initialized, cancelled, roots/list_changed: accepted.
         return Ok(accepted());
     };
     match env.method.as_str() {
@@ -197,13 +216,27 @@ async fn in_session(
         route,
         headers,
         &modern_env,
-        modern_body,
+        modern_body.clone(),
         deadline,
     )
     .await?;
     let timeout_ms = route.timeout().as_millis() as u64;
+    // `input_required` from a 2026-07-28 server becomes server requests to this client.
+    let call = relay::Call {
+        generation,
+        ctx: ctx.clone(),
+        route: route.clone(),
+        headers: headers.clone(),
+        body: modern_body,
+        id: id.clone(),
+        method: env.method.clone(),
+        caps: session.caps.clone(),
+        owner: ctx.client.as_ref().map(|o| o.key).unwrap_or_default(),
+        deadline,
+        shape: legacy_message,
+    };
     Ok(render(
-        legacy_reply(reply, &env.method),
+        relay::answer(reply, call),
         Some(&id),
         &route.name(),
         timeout_ms,
@@ -393,24 +426,6 @@ fn modernize(body: &[u8], s: &SessionData) -> Result<Bytes, GatewayError> {
         }
     }
     Ok(Bytes::from(v.to_string()))
-}
-
-/// 2026 answer → the shape an initialize-era client expects.
-fn legacy_reply(reply: Reply, method: &str) -> Reply {
-    let method = method.to_string();
-    let status = reply.status;
-    let messages = match reply.messages {
-        MessageStream::Empty => MessageStream::Empty,
-        MessageStream::One(m) => MessageStream::One(legacy_message(&m, &method)),
-        MessageStream::Many(s) => MessageStream::Many(Box::pin(
-            s.map(move |m| m.map(|m| legacy_message(&m, &method))),
-        )),
-    };
-    Reply {
-        status,
-        headers: HeaderMap::new(),
-        messages,
-    }
 }
 
 /// Translates one message: 2026-only result fields go; `input_required` (which a legacy client

@@ -41,6 +41,7 @@ pub mod policy;
 pub mod pool;
 pub mod protocol;
 pub mod proxy;
+pub mod relay;
 pub mod reload;
 pub mod resilience;
 pub mod router;

@@ -55,6 +55,9 @@ pub struct BackendMirror<'a> {
     pub restarts: Option<u64>,
     /// Upstream initialize-era sessions open.
     pub legacy_sessions: u64,
+    /// Calls parked for a client's input now, and parked calls whose hold ran out.
+    pub parked_calls: u64,
+    pub parked_expired: u64,
 }
 
 /// The state the mirrors render, gathered by the owner of that state (`State::mirrors`).
@@ -494,8 +497,26 @@ fn state_families(mirrors: &Mirrors<'_>) -> Vec<MetricFamily> {
         "Upstream sessions open with initialize-era backends.",
         &["backend"],
     );
+    let parked = gauge_vec(
+        "portico_parked_calls",
+        "Calls of initialize-era backends parked for a 2026-07-28 client's answers to the \
+         server's requests (elicitation, sampling, roots), each for at most input_hold_ms.",
+        &["backend"],
+    );
+    let parked_expired = counter_vec(
+        "portico_parked_expired_total",
+        "Parked calls whose hold (input_hold_ms) ran out: the server's request was answered \
+         with an error.",
+        &["backend"],
+    );
     for b in &mirrors.backends {
         let name = b.name;
+        parked
+            .with_label_values(&[name])
+            .set(i64::try_from(b.parked_calls).unwrap_or(i64::MAX));
+        parked_expired
+            .with_label_values(&[name])
+            .inc_by(b.parked_expired);
         up.with_label_values(&[name, b.transport])
             .set(i64::from(b.up));
         for p in PROTOCOL_LABELS {
@@ -545,6 +566,8 @@ fn state_families(mirrors: &Mirrors<'_>) -> Vec<MetricFamily> {
     out.extend(protocol.collect());
     out.extend(restarts.collect());
     out.extend(sessions.collect());
+    out.extend(parked.collect());
+    out.extend(parked_expired.collect());
     out.extend(lookups.collect());
     let redis = counter_vec(
         "portico_cache_redis_operations_total",

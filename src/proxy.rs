@@ -78,7 +78,7 @@ fn limit_sse(state: &State, ctx: &RequestCtx, resp: Response<Body>) -> Response<
 }
 
 async fn handle_inner<B>(
-    state: &State,
+    state: &Arc<State>,
     ctx: &mut RequestCtx,
     req: Request<B>,
 ) -> Result<Response<Body>, GatewayError>
@@ -147,6 +147,7 @@ where
         (Era::Legacy, route) => {
             Box::pin(legacy::serve(
                 state,
+                state.clone(),
                 ctx,
                 path,
                 route,

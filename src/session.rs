@@ -73,6 +73,8 @@ pub struct Sessions {
     pub cursor_key: ring::hmac::Key,
     rng: SystemRandom,
     pub ttl: Duration,
+    /// Seals the `requestState` of calls parked for a client's input (`bridge::input`).
+    pub states: std::sync::Arc<Sealer>,
     /// Sessions ended by `DELETE` on this replica (digest → expiry, Unix ms); the Redis tier
     /// tells the other replicas (`legacy::delete`).
     revoked: std::sync::Mutex<std::collections::HashMap<[u8; 32], u64>>,
@@ -143,9 +145,11 @@ impl Sessions {
         let key = LessSafeKey::new(
             UnboundKey::new(&CHACHA20_POLY1305, &bytes).expect("32-byte key for ChaCha20-Poly1305"),
         );
+        let states = std::sync::Arc::new(Sealer::new(&bytes, b"portico-request-state-v1"));
         Sessions {
             key,
             cursor_key,
+            states,
             rng,
             ttl: Duration::from_millis(cfg.ttl_ms),
             revoked: Default::default(),
@@ -247,6 +251,76 @@ impl Sessions {
     }
 }
 
+/// AEAD (ChaCha20-Poly1305) under a key derived from the `[sessions]` key for one purpose:
+/// what it seals opens only with the same key material and purpose, untampered.
+pub struct Sealer {
+    key: LessSafeKey,
+    rng: SystemRandom,
+}
+
+impl Sealer {
+    fn new(material: &[u8; 32], purpose: &[u8]) -> Sealer {
+        let derived = ring::hmac::sign(
+            &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, material),
+            purpose,
+        );
+        let key = LessSafeKey::new(
+            UnboundKey::new(&CHACHA20_POLY1305, derived.as_ref())
+                .expect("32-byte key for ChaCha20-Poly1305"),
+        );
+        Sealer {
+            key,
+            rng: SystemRandom::new(),
+        }
+    }
+
+    /// Random bytes (a name nobody can guess).
+    pub fn random<const N: usize>(&self) -> [u8; N] {
+        let mut out = [0u8; N];
+        if self.rng.fill(&mut out).is_err() {
+            let t = now_ms().to_le_bytes();
+            let n = t.len().min(N);
+            out[..n].copy_from_slice(&t[..n]);
+        }
+        out
+    }
+
+    /// `plain` sealed, as URL-safe base64.
+    pub fn seal(&self, plain: &[u8]) -> String {
+        let nonce = self.random::<NONCE_LEN>();
+        let mut buf = plain.to_vec();
+        if self
+            .key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
+            .is_err()
+        {
+            return String::new();
+        }
+        let mut out = Vec::with_capacity(NONCE_LEN + buf.len());
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&buf);
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(out)
+    }
+
+    /// What `seal` sealed; `None` when tampered with, truncated or sealed under another key.
+    pub fn open(&self, sealed: &str) -> Option<Vec<u8>> {
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(sealed)
+            .ok()?;
+        if raw.len() < NONCE_LEN {
+            return None;
+        }
+        let (nonce, sealed) = raw.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut sealed = sealed.to_vec();
+        let plain = self
+            .key
+            .open_in_place(nonce, Aad::empty(), &mut sealed)
+            .ok()?;
+        Some(plain.to_vec())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +330,7 @@ mod tests {
         Sessions::new(&SessionsConfig {
             key: Some(key.into()),
             ttl_ms: 60_000,
+            advertise_url: None,
         })
     }
 
@@ -307,6 +382,25 @@ mod tests {
         let anon = s.mint(&s.data("2025-11-25", json!({}), None, "/mcp/a"));
         assert!(s.open(&anon, "/mcp/a", None).is_some());
         assert_eq!(s.open(&anon, "/mcp/a", Some("alice")), None);
+    }
+
+    #[test]
+    fn sealed_states_open_only_untampered_under_the_same_key() {
+        let a = sessions("k");
+        let sealed = a.states.seal(b"hello");
+        assert_eq!(a.states.open(&sealed).as_deref(), Some(&b"hello"[..]));
+        assert_eq!(
+            sessions("k").states.open(&sealed).as_deref(),
+            Some(&b"hello"[..])
+        );
+        assert_eq!(sessions("other").states.open(&sealed), None);
+        let mut t = sealed.clone().into_bytes();
+        let i = t.len() - 3;
+        t[i] = if t[i] == b'A' { b'B' } else { b'A' };
+        assert_eq!(a.states.open(&String::from_utf8(t).unwrap()), None);
+        // A session id is not a state, nor the reverse.
+        let id = a.mint(&a.data("2025-11-25", json!({}), None, "/p"));
+        assert_eq!(a.states.open(id.strip_prefix(PREFIX).unwrap()), None);
     }
 
     #[test]

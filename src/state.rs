@@ -167,6 +167,11 @@ impl State {
                         _ => None,
                     },
                     legacy_sessions: b.bridge.session_count() as u64,
+                    parked_calls: b.bridge.parked.load(std::sync::atomic::Ordering::Relaxed),
+                    parked_expired: b
+                        .bridge
+                        .parked_expired
+                        .load(std::sync::atomic::Ordering::Relaxed),
                 })
                 .collect(),
             cache: self.cache.stats(),

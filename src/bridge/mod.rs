@@ -32,23 +32,27 @@
 //!   `notifications/cancelled` with the *upstream* request id, in the client's own session. A
 //!   client's own `notifications/cancelled` is never forwarded: its id is in the client's id
 //!   space, which the session never saw.
-//! - Server-initiated requests a 2026-07-28 client cannot receive (sampling, elicitation, roots)
-//!   are answered with an error so the server never hangs; `ping` is answered. Relaying them
-//!   later needs no new bookkeeping of who asked: a request arrives on the stream of one call
-//!   ([`translate`]'s `Mapping`: the client's id), inside one owner's session (`Owner`, held by
-//!   the call's `CancelGuard` slot), and on stdio the transport's pending map names the call
-//!   by its gateway id — so the client that owns the call is always known.
+//! - **Server-initiated requests** during a call (sampling, elicitation, roots; `input`): a
+//!   request arrives on the stream of one call ([`translate`]'s `Mapping`: the client's id),
+//!   inside one owner's session (`Owner`, held by the call's `CancelGuard` slot), so the client
+//!   that owns the call is always known. An initialize-era client gets it relayed; a 2026-07-28
+//!   client gets `input_required` and the call is parked until its retry or `input_hold_ms`
+//!   (docs/protocol.md §8 item 15). `ping` is answered. On stdio the transport answers them
+//!   itself (see above).
 //!
 //! Files: `probe` (era classification, the probe), `owner` (whose session a request uses),
 //! `session` (the per-owner sessions and their handshake), `translate` (message translation
-//! and cancellation); this file holds the request entry points ([`call`], `discover`,
-//! `send_raw`).
+//! and cancellation), `input` (server requests during a call); this file holds the request
+//! entry points ([`call`], `discover`, `send_raw`).
 
+mod input;
 mod owner;
 mod probe;
 mod session;
 mod translate;
 
+pub use input::forget as forget_input;
+pub use input::{InputSide, answer as answer_input, capability_for, expect as expect_input};
 pub use owner::{Owner, digest};
 
 pub use probe::{
@@ -211,6 +215,19 @@ pub async fn call(
             "subscriptions/listen is not bridged to initialize-era backends".into(),
         ));
     }
+    if let Some(id) = client_id
+        && input::is_retry(method, body)
+    {
+        // A 2026-07-28 client answering the questions of a call portico parked.
+        return match input::resume(b, owner.input.as_ref(), owner.scope, method, id, body).await? {
+            Ok(reply) => Ok(Bridged::Answer(reply)),
+            Err(input::Elsewhere(replica)) => {
+                input::forward(b, &replica, method, body, client_headers, deadline)
+                    .await
+                    .map(Bridged::Answer)
+            }
+        };
+    }
     for attempt in 0..2 {
         let (slot, s) = match session_or_modern(b, owner, deadline).await {
             Ok(held) => held,
@@ -262,7 +279,23 @@ pub async fn call(
             forget_session(&slot, &s);
             continue;
         }
-        return Ok(Bridged::Answer(translate(reply, mapping, guard)));
+        let io = input::FlowIo {
+            // A read goes through the cache, which reads answers whole: nothing can be relayed
+            // mid-stream there (a parked read answers `input_required` as a whole answer).
+            side: owner
+                .input
+                .clone()
+                .filter(|s| method != "resources/read" || !matches!(s, InputSide::Relay)),
+            owner: owner.key,
+            scope: owner.scope,
+            caps: owner.capabilities_text().into(),
+            hold: std::time::Duration::from_millis(b.cfg.input_hold_ms),
+            deadline,
+            team: team.to_vec(),
+            method: method.to_string(),
+            body: body.clone(),
+        };
+        return Ok(Bridged::Answer(translate(reply, mapping, guard, io)));
     }
     Err(GatewayError::BackendFailed {
         backend: b.name.to_string(),

@@ -41,6 +41,9 @@ pub struct Owner {
     pub sealed: Vec<(String, String, String)>,
     /// portico's own traffic.
     pub portico: bool,
+    /// How the client receives the server's requests during its calls (`input`); `None`
+    /// for portico's own traffic, which refuses them.
+    pub input: Option<super::input::InputSide>,
 }
 
 /// A SHA-256 over length-prefixed fields under a purpose label.
@@ -70,6 +73,7 @@ impl Owner {
             expires_ms: u64::MAX,
             sealed: Vec::new(),
             portico: true,
+            input: None,
         }
     }
 
@@ -88,6 +92,7 @@ impl Owner {
             expires_ms: u64::MAX,
             sealed: Vec::new(),
             portico: false,
+            input: None,
         }
     }
 
@@ -114,6 +119,7 @@ impl Owner {
             expires_ms,
             sealed: Vec::new(),
             portico: false,
+            input: None,
         }
     }
 
@@ -124,6 +130,11 @@ impl Owner {
             .ok()
             .filter(Value::is_object)
             .unwrap_or_else(|| json!({}))
+    }
+
+    /// What the client declared, as it sent it.
+    pub fn capabilities_text(&self) -> &str {
+        &self.capabilities
     }
 
     /// The clientInfo the upstream `initialize` carries (portico's unless the client declared

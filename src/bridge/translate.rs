@@ -1,25 +1,24 @@
 //! Translation between the eras, both ways: a 2026 request goes up with a session-unique id
 //! and progress token and without the reserved 2026 `_meta` keys; what comes back gets its
 //! id and token restored, `resultType`, `ttlMs`/`cacheScope` (from config), serverInfo, and
-//! `-32002` → `-32602`. Server-initiated requests are answered upstream, never forwarded. A
-//! [`CancelGuard`] sends `notifications/cancelled` when the client goes away first.
+//! `-32002` → `-32602`. Server-initiated requests are answered upstream (`ping`, unknown
+//! methods) or handed to `input` (elicitation, sampling, roots). A [`CancelGuard`] sends
+//! `notifications/cancelled` when the client goes away first.
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value, json};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use tokio::time::Instant;
 
+use super::input::{Flow, FlowIo};
 use super::send_raw;
 use crate::backend::Backend;
 use crate::backend::LegacySession;
 use crate::config::CacheScope;
 use crate::error::GatewayError;
 use crate::protocol::{RequestId, code, is_cacheable_method, meta, status_for_code};
-use crate::upstream::{MessageStream, Reply, UpstreamError};
+use crate::upstream::{MessageStream, Reply};
 
 pub(super) fn scope_str(s: CacheScope) -> &'static str {
     match s {
@@ -167,8 +166,9 @@ pub(super) fn modernize_result(result: &mut Map<String, Value>, m: &Mapping) {
     }
 }
 
-/// Applies `from_legacy` to every message of the answer; answers server requests upstream.
-pub(super) fn translate(reply: Reply, m: Mapping, mut guard: CancelGuard) -> Reply {
+/// Applies `from_legacy` to every message of the answer; the server's requests are answered,
+/// relayed or park the call (`input::Flow`).
+pub(super) fn translate(reply: Reply, m: Mapping, mut guard: CancelGuard, io: FlowIo) -> Reply {
     let status = reply.status;
     match reply.messages {
         MessageStream::Empty => {
@@ -196,47 +196,19 @@ pub(super) fn translate(reply: Reply, m: Mapping, mut guard: CancelGuard) -> Rep
                 ),
             }
         }
-        MessageStream::Many(stream) => {
-            let backend = guard.backend.clone();
-            let session = guard.session.clone();
-            let out = stream.filter_map(move |item| {
-                let m = m.clone();
-                let backend = backend.clone();
-                let session = session.clone();
-                async move {
-                    match item {
-                        Err(e) => Some(Err(e)),
-                        Ok(msg) => match from_legacy(&msg, &m) {
-                            Translated::Forward(out) => Some(Ok(out)),
-                            Translated::Answer(answer) => {
-                                tokio::spawn(async move {
-                                    let deadline = Instant::now() + backend.timeout;
-                                    let _ = send_raw(
-                                        &backend,
-                                        &session,
-                                        answer,
-                                        &HeaderMap::new(),
-                                        &[],
-                                        deadline,
-                                    )
-                                    .await;
-                                });
-                                None
-                            }
-                            Translated::Drop => None,
-                        },
-                    }
-                }
-            });
-            Reply {
-                status,
-                headers: HeaderMap::new(),
-                messages: MessageStream::Many(Box::pin(Guarded {
-                    inner: Box::pin(out),
+        MessageStream::Many(stream) => Reply {
+            status,
+            headers: HeaderMap::new(),
+            messages: MessageStream::Many(
+                Flow {
+                    inner: stream,
+                    m,
                     guard,
-                })),
-            }
-        }
+                    io,
+                }
+                .into_stream(),
+            ),
+        },
     }
 }
 
@@ -276,27 +248,6 @@ impl Drop for CancelGuard {
                 tracing::debug!(backend = %backend.name, %error, "could not send notifications/cancelled");
             }
         });
-    }
-}
-
-/// A message stream that disarms its guard once the response has passed through.
-pub(super) struct Guarded {
-    pub(super) inner: Pin<Box<dyn Stream<Item = Result<Bytes, UpstreamError>> + Send>>,
-    pub(super) guard: CancelGuard,
-}
-
-impl Stream for Guarded {
-    type Item = Result<Bytes, UpstreamError>;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let item = self.inner.as_mut().poll_next(cx);
-        match &item {
-            Poll::Ready(Some(Ok(msg))) if crate::protocol::is_response(msg) => {
-                self.guard.armed = false
-            }
-            Poll::Ready(None) => self.guard.armed = false,
-            _ => {}
-        }
-        item
     }
 }
 

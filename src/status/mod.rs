@@ -92,6 +92,8 @@ pub struct BackendInfo {
     pub last_error: Option<ErrorInfo>,
     /// Upstream initialize-era sessions open, one per client (as `portico_legacy_sessions`).
     pub legacy_sessions: u64,
+    /// Calls parked for a 2026-07-28 client's answers (as `portico_parked_calls`).
+    pub parked_calls: u64,
     /// stdio backends: child restarts (as `portico_stdio_restarts_total`).
     pub stdio_restarts: Option<u64>,
     pub allow_teams: Vec<String>,
@@ -236,7 +238,8 @@ pub struct SessionInfo {
     pub legacy_client_sessions: Option<u64>,
     /// Upstream sessions open with initialize-era backends (sum of `portico_legacy_sessions`).
     pub upstream_legacy_sessions: u64,
-    /// Calls parked while waiting on something: portico has no such feature yet; always 0.
+    /// Calls of initialize-era backends parked for a 2026-07-28 client's answers
+    /// (`portico_parked_calls`).
     pub parked_calls: u64,
     pub notes: Vec<&'static str>,
 }
@@ -369,11 +372,12 @@ impl Snapshot {
             sessions: SessionInfo {
                 legacy_client_sessions: None,
                 upstream_legacy_sessions: backend_infos.iter().map(|b| b.legacy_sessions).sum(),
-                parked_calls: 0,
+                parked_calls: backend_infos.iter().map(|b| b.parked_calls).sum(),
                 notes: vec![
                     "Initialize-era client sessions are sealed, stateless ids: no server-side \
                      store, so there is nothing to count.",
-                    "Parked calls: portico does not park calls (no such feature yet), so 0.",
+                    "Parked calls: calls of initialize-era backends waiting for a 2026-07-28 \
+                     client's answers (input_required), each for at most input_hold_ms.",
                 ],
             },
             backends: backend_infos,
@@ -474,6 +478,7 @@ fn backend_info(
             reason: e.reason,
         }),
         legacy_sessions: b.bridge.session_count() as u64,
+        parked_calls: b.bridge.parked.load(std::sync::atomic::Ordering::Relaxed),
         stdio_restarts: match &b.upstream {
             Upstream::Stdio(s) => Some(s.restarts()),
             _ => None,

@@ -626,7 +626,7 @@ async fn cancellable(
     env: &Envelope,
     params: &[(HeaderName, HeaderValue)],
 ) -> Result<Reply, GatewayError> {
-    let owner = owner_of(ctx, req.headers, env);
+    let owner = with_input_side(core, owner_of(ctx, req.headers, env));
     match (env.kind, &env.id) {
         (Kind::Request, Some(id)) => {
             let (registration, mut cancelled) = core.calls.register(owner.scope, id.clone());
@@ -994,6 +994,19 @@ pub fn owner_of(ctx: &RequestCtx, headers: &HeaderMap, env: &Envelope) -> Arc<br
         env.client_capabilities.as_deref(),
         env.client_info.as_deref(),
     ))
+}
+
+/// A 2026-07-28 client receives a legacy server's requests during a call as
+/// `input_required`, its call parked under a `requestState` sealed with the `[sessions]` key
+/// (`bridge::input`); an initialize-era client's owner already says how it receives them.
+fn with_input_side(core: &Core, mut owner: Arc<bridge::Owner>) -> Arc<bridge::Owner> {
+    if owner.input.is_none() && !owner.portico {
+        Arc::make_mut(&mut owner).input = Some(bridge::InputSide::Park {
+            states: core.sessions.states.clone(),
+            replica: core.config.sessions.advertise_url.as_deref().map(Arc::from),
+        });
+    }
+    owner
 }
 
 /// Whether requests to `backend` travel on a shared upstream whose ids portico rewrites (a

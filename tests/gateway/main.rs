@@ -11,6 +11,7 @@ mod cli;
 mod common;
 mod core;
 mod hardening;
+mod input;
 mod interop;
 mod layers;
 pub mod legacy;

@@ -1113,6 +1113,8 @@ fn every_exported_metric_is_documented() {
             protocol: "modern",
             restarts: Some(1),
             legacy_sessions: 1,
+            parked_calls: 1,
+            parked_expired: 1,
         }],
         cache: Default::default(),
     }))

@@ -14,12 +14,12 @@ const MOCK: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/gateway/fixtures/stdio_mock.py"
 );
-const ALICE: &str = "alice-key-0123456789abcdef";
-const BOB: &str = "bob-key-0123456789abcdef00";
-const ASKABLE: &str = r#"{"sampling":{},"elicitation":{},"roots":{"listChanged":true}}"#;
+pub(crate) const ALICE: &str = "alice-key-0123456789abcdef";
+pub(crate) const BOB: &str = "bob-key-0123456789abcdef00";
+pub(crate) const ASKABLE: &str = r#"{"sampling":{},"elicitation":{},"roots":{"listChanged":true}}"#;
 
 /// `[auth]` with two principals (no teams).
-fn auth() -> String {
+pub(crate) fn auth() -> String {
     let dir = std::env::temp_dir().join(format!("portico-sessions-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (a, b) = (dir.join("alice"), dir.join("bob"));
@@ -47,7 +47,7 @@ fn stdio_backend(args: &[&str], extra: &str) -> String {
 }
 
 /// A 2026-07-28 request with the caller's key and declared capabilities.
-async fn modern(
+pub(crate) async fn modern(
     url: &str,
     key: Option<&str>,
     id: Value,
@@ -79,7 +79,7 @@ async fn tool(url: &str, key: Option<&str>, id: Value, name: &str, args: Value) 
     .await
 }
 
-fn text(r: &Resp) -> String {
+pub(crate) fn text(r: &Resp) -> String {
     let v = r.result();
     v["result"]["content"][0]["text"]
         .as_str()
@@ -99,14 +99,14 @@ fn names(r: &Resp) -> Vec<String> {
 }
 
 /// An initialize-era client, by hand.
-struct Old {
-    url: String,
-    sid: String,
-    key: Option<String>,
+pub(crate) struct Old {
+    pub(crate) url: String,
+    pub(crate) sid: String,
+    pub(crate) key: Option<String>,
 }
 
 impl Old {
-    fn headers(&self) -> Vec<(String, String)> {
+    pub(crate) fn headers(&self) -> Vec<(String, String)> {
         let mut h = vec![
             ("content-type".into(), "application/json".into()),
             (
@@ -124,13 +124,13 @@ impl Old {
         h
     }
 
-    async fn post(&self, body: Value) -> Resp {
+    pub(crate) async fn post(&self, body: Value) -> Resp {
         let h = self.headers();
         let h: Vec<(&str, &str)> = h.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         send("POST", &self.url, &h, body.to_string()).await
     }
 
-    async fn connect(url: &str, key: Option<&str>, caps: &str) -> Old {
+    pub(crate) async fn connect(url: &str, key: Option<&str>, caps: &str) -> Old {
         let mut c = Old {
             url: url.to_string(),
             sid: String::new(),
@@ -150,19 +150,19 @@ impl Old {
         c
     }
 
-    async fn call(&self, id: Value, method: &str, params: Value) -> Resp {
+    pub(crate) async fn call(&self, id: Value, method: &str, params: Value) -> Resp {
         self.post(json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}))
             .await
     }
 
-    async fn tool(&self, id: Value, name: &str, args: Value) -> Resp {
+    pub(crate) async fn tool(&self, id: Value, name: &str, args: Value) -> Resp {
         self.call(id, "tools/call", json!({"name": name, "arguments": args}))
             .await
     }
 }
 
 /// Waits (bounded) until `check` holds.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..100 {
         if check() {
             return;

@@ -13,6 +13,9 @@ Era selection (`mcp.Client(mode=...)`):
 Runs a fixed scenario and prints ONE JSON object on stdout:
   {"ok": true, "era": "modern"|"legacy", "protocol_version": ..., "server_name": ..., "tools": [...sorted],
    "echo": ..., "add": ..., "progress_result": ..., "progress_events": N, "resource": ..., "prompt": ...}
+With --scenario input: the client declares elicitation, sampling and roots (callbacks answer
+`{name: "octocat"}`, "Paris" and the root file:///work), calls the `ask` and `roots` tools and prints
+  {"ok": true, "era": ..., "ask": ..., "roots": ..., "asked": {"elicitation": N, "sampling": N, "roots": N}}
 On failure: {"ok": false, "error": "..."} and exit code 1.
 """
 
@@ -26,6 +29,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
+import mcp_types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -45,6 +49,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     era.add_argument("--modern", action="store_true")
     p.add_argument("--header", action="append", default=[], help="extra HTTP header 'K: V' (repeatable)")
     p.add_argument("--tool-prefix", default="")
+    p.add_argument("--scenario", choices=["basic", "input"], default="basic")
     p.add_argument("--timeout", type=float, default=20.0, help="overall deadline in seconds")
     args = p.parse_args(argv)
     if args.stdio == bool(args.url):
@@ -73,11 +78,38 @@ async def scenario(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
             http = await stack.enter_async_context(create_mcp_http_client(headers=headers or None))
             server = streamable_http_client(args.url, http_client=http)
 
+        asked = {"elicitation": 0, "sampling": 0, "roots": 0}
+
+        async def on_elicit(context: Any, params: Any) -> mcp_types.ElicitResult:
+            asked["elicitation"] += 1
+            return mcp_types.ElicitResult(action="accept", content={"name": "octocat"})
+
+        async def on_sample(context: Any, params: Any) -> mcp_types.CreateMessageResult:
+            asked["sampling"] += 1
+            return mcp_types.CreateMessageResult(
+                role="assistant",
+                content=mcp_types.TextContent(type="text", text="Paris"),
+                model="m",
+                stop_reason="endTurn",
+            )
+
+        async def on_roots(context: Any) -> mcp_types.ListRootsResult:
+            asked["roots"] += 1
+            return mcp_types.ListRootsResult(roots=[mcp_types.Root(uri="file:///work", name="work")])
+
+        callbacks: dict[str, Any] = {}
+        if args.scenario == "input":
+            callbacks = {
+                "elicitation_callback": on_elicit,
+                "sampling_callback": on_sample,
+                "list_roots_callback": on_roots,
+            }
         client = Client(
             server,
             mode="legacy" if args.legacy else "auto",
             read_timeout_seconds=args.timeout,
             cache=None,  # every call must reach the server
+            **callbacks,
         )
         async with client:
             version = client.protocol_version
@@ -86,6 +118,19 @@ async def scenario(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
                 raise RuntimeError(f"expected the 2026-07-28 era, negotiated {version}")
             info = client.server_info
             pre = args.tool_prefix
+            if args.scenario == "input":
+                ask = await client.call_tool(pre + "ask", {})
+                roots = await client.call_tool(pre + "roots", {})
+                for name, r in (("ask", ask), ("roots", roots)):
+                    if r.is_error:
+                        raise RuntimeError(f"tool {name} returned isError: {text_of(r.content)}")
+                return {
+                    "ok": True,
+                    "era": era,
+                    "ask": text_of(ask.content),
+                    "roots": text_of(roots.content),
+                    "asked": asked,
+                }
 
             tools = await client.list_tools()
             echo = await client.call_tool(pre + "echo", {"text": "hi"})

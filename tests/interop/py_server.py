@@ -10,6 +10,7 @@ and the initialize era (2024-11-05 .. 2025-11-25, `Mcp-Session-Id`).
   --cache-scope S          public|private (default public)
   --host H                 bind address (default 127.0.0.1)
   --port P                 port (default 0: picked by the OS)
+  --input-tools            also register `ask` and `roots`, which ask the client mid-call
 
 HTTP prints exactly one line `LISTENING <port>` on stdout once it accepts connections.
 All logging goes to stderr. See README.md for the tool list.
@@ -25,11 +26,13 @@ import signal
 import socket
 import sys
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 from mcp.server import CacheHint, NotificationOptions
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Elicit, ListRoots, MCPServer, Resolve, Sample
+from mcp_types import CreateMessageResult, ListRootsResult, SamplingMessage, TextContent
+from pydantic import BaseModel
 from mcp_types.methods import CACHEABLE_METHODS
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -48,6 +51,42 @@ SLOW: Counter[str] = Counter({"started": 0, "completed": 0, "cancelled": 0})  # 
 # Legacy (initialize-era) connections seen, so add_tool can tell every live session.
 _LEGACY_SESSIONS: dict[int, Any] = {}
 _DYNAMIC_TOOLS: set[str] = set()
+
+
+class Person(BaseModel):
+    name: str
+
+
+# Resolvers for the `--input-tools` tools. The SDK's way to ask the client mid-call: on
+# 2026-07-28 it batches these into an `input_required` result and re-runs the tool on the retry;
+# on the initialize era it runs `ctx.elicit` (and the sampling / roots requests) on the call's
+# stream. A bare `ctx.elicit` inside a 2026-07-28 request has no back channel in mcp 2.3.0.
+async def ask_person(ctx: Context) -> Elicit[Person]:
+    return Elicit("name?", Person)
+
+
+async def ask_capital(ctx: Context) -> Sample:
+    return Sample(
+        [SamplingMessage(role="user", content=TextContent(type="text", text="capital of France?"))],
+        max_tokens=10,
+    )
+
+
+async def ask_roots(ctx: Context) -> ListRoots:
+    return ListRoots()
+
+
+def add_input_tools(mcp: MCPServer) -> None:
+    @mcp.tool(description="Elicit a name, then sample the client, then report both", structured_output=False)
+    async def ask(
+        person: Annotated[Person, Resolve(ask_person)],
+        capital: Annotated[CreateMessageResult, Resolve(ask_capital)],
+    ) -> str:
+        return f"name={person.name}; sampled={getattr(capital.content, 'text', capital.content)}"
+
+    @mcp.tool(description="List the client's roots", structured_output=False)
+    async def roots(listed: Annotated[ListRootsResult, Resolve(ask_roots)]) -> str:
+        return ",".join(str(r.uri) for r in listed.roots)
 
 
 def build_server(ttl_ms: int, cache_scope: str, page_size: int = 0) -> MCPServer:
@@ -279,10 +318,13 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = picked by the OS")
     p.add_argument("--page-size", type=int, default=0, help="tools/list page size (0 = one page)")
+    p.add_argument("--input-tools", action="store_true", help="register `ask` and `roots`")
     args = p.parse_args()
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="py_server %(levelname)s %(name)s: %(message)s")
     mcp = build_server(args.ttl_ms, args.cache_scope, args.page_size)
+    if args.input_tools:
+        add_input_tools(mcp)
     if args.transport == "stdio":
         anyio.run(mcp.run_stdio_async)
     else:

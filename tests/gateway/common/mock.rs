@@ -104,6 +104,12 @@ pub struct MockState {
     tags: Mutex<HashMap<(String, String), String>>,
     /// Legacy: the tags of the requests `notifications/cancelled` named (in their session).
     pub cancelled_tags: Mutex<Vec<String>>,
+    /// Legacy `ask`: when each server request was sent.
+    pub asked: Mutex<Vec<tokio::time::Instant>>,
+    /// Legacy `ask`: the client's answers (result or error, with the server's own id), with
+    /// when they arrived.
+    pub answers: Mutex<Vec<(tokio::time::Instant, Value)>>,
+    pub answered: Notify,
 }
 
 /// A running mock.
@@ -226,6 +232,9 @@ impl MockMcp {
             stored: Mutex::new(HashMap::new()),
             tags: Mutex::new(HashMap::new()),
             cancelled_tags: Mutex::new(Vec::new()),
+            asked: Mutex::new(Vec::new()),
+            answers: Mutex::new(Vec::new()),
+            answered: Notify::new(),
         });
         let (stop_tx, mut stop_rx) = oneshot::channel::<()>();
         let st = state.clone();
@@ -299,6 +308,27 @@ impl MockHandle {
 
     pub fn session_count(&self) -> usize {
         self.state.sessions.lock().unwrap().len()
+    }
+
+    /// Waits (bounded) until the legacy `ask` tool has received `n` answers; returns them.
+    pub async fn wait_answers(
+        &self,
+        n: usize,
+        within: Duration,
+    ) -> Vec<(tokio::time::Instant, Value)> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let notified = self.state.answered.notified();
+            {
+                let a = self.state.answers.lock().unwrap();
+                if a.len() >= n {
+                    return a.clone();
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.state.answers.lock().unwrap().clone();
+            }
+        }
     }
 
     /// Waits until some request's answer stream was dropped early.
@@ -708,6 +738,40 @@ async fn answer(
                         .unwrap_or_else(|| "none".into()),
                 ),
                 "sampler" => text("sampled".into()),
+                // MRTR (2026-07-28): `arguments.rounds` rounds of `input_required` asking
+                // `arguments.methods` (default elicitation), then the responses it got.
+                "mrtr" if modern => {
+                    let rounds = args["rounds"].as_u64().unwrap_or(1);
+                    let done = params["requestState"]
+                        .as_str()
+                        .and_then(|s| s.strip_prefix("mrtr-state-"))
+                        .and_then(|s| s.split(' ').next())
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .unwrap_or(0);
+                    if done < rounds {
+                        let methods = args["methods"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_else(|| vec![json!("elicitation/create")]);
+                        let mut reqs = serde_json::Map::new();
+                        for (i, m) in methods.iter().enumerate() {
+                            let p = match m.as_str().unwrap_or("") {
+                                "sampling/createMessage" => {
+                                    json!({"messages":[{"role":"user","content":{"type":"text","text":"capital of France?"}}],"maxTokens":10})
+                                }
+                                "roots/list" => json!({}),
+                                _ => {
+                                    json!({"mode":"form","message":"name?","requestedSchema":{"type":"object","properties":{"name":{"type":"string"}}}})
+                                }
+                            };
+                            reqs.insert(format!("q{i}"), json!({"method": m, "params": p}));
+                        }
+                        json!({"jsonrpc":"2.0","id":id,"result":{"resultType":"input_required",
+                            "inputRequests": reqs, "requestState": format!("mrtr-state-{} \u{e9}+/=", done + 1)}})
+                    } else {
+                        text(format!("got: {}", params["inputResponses"]))
+                    }
+                }
                 "whoami" => text(
                     headers
                         .get("authorization")
@@ -826,22 +890,53 @@ async fn streaming(
                 format!("slept {ms}")
             }
             _ => {
-                // ask: a server-initiated request, then wait for the client's response.
-                let rid = format!("srv-{}", state.next_session.fetch_add(1, Ordering::Relaxed));
-                let (otx, orx) = oneshot::channel();
-                state
-                    .waiting
-                    .lock()
-                    .unwrap()
-                    .insert(format!("\"{rid}\""), otx);
-                let q = json!({"jsonrpc":"2.0","id":rid,"method":"elicitation/create","params":{"message":"name?","requestedSchema":{"type":"object","properties":{}}}});
-                if tx.send(sse_event(q.to_string().as_bytes())).await.is_err() {
-                    return;
+                // ask: server-initiated requests (`arguments.method`, default elicitation,
+                // `arguments.times` of them in turn), each waiting (`arguments.wait_ms`) for
+                // the client's response; every answer is recorded with when it came.
+                let method = args["method"].as_str().unwrap_or("elicitation/create");
+                let times = args["times"].as_u64().unwrap_or(1);
+                let wait = Duration::from_millis(args["wait_ms"].as_u64().unwrap_or(5000));
+                let params = match method {
+                    "sampling/createMessage" => {
+                        json!({"messages":[{"role":"user","content":{"type":"text","text":"capital of France?"}}],"maxTokens":10})
+                    }
+                    "roots/list" => json!({}),
+                    _ => {
+                        json!({"message":"name?","requestedSchema":{"type":"object","properties":{}}})
+                    }
+                };
+                let mut answers = Vec::new();
+                for _ in 0..times {
+                    let rid = format!("srv-{}", state.next_session.fetch_add(1, Ordering::Relaxed));
+                    let (otx, orx) = oneshot::channel();
+                    state
+                        .waiting
+                        .lock()
+                        .unwrap()
+                        .insert(format!("\"{rid}\""), otx);
+                    let q = json!({"jsonrpc":"2.0","id":rid,"method":method,"params":params});
+                    state
+                        .asked
+                        .lock()
+                        .unwrap()
+                        .push(tokio::time::Instant::now());
+                    if tx.send(sse_event(q.to_string().as_bytes())).await.is_err() {
+                        return;
+                    }
+                    match tokio::time::timeout(wait, orx).await {
+                        Ok(Ok(answer)) => {
+                            state
+                                .answers
+                                .lock()
+                                .unwrap()
+                                .push((tokio::time::Instant::now(), answer.clone()));
+                            state.answered.notify_waiters();
+                            answers.push(format!("answer: {answer}"));
+                        }
+                        _ => answers.push("no answer".to_string()),
+                    }
                 }
-                match tokio::time::timeout(Duration::from_secs(5), orx).await {
-                    Ok(Ok(answer)) => format!("answer: {answer}"),
-                    _ => "no answer".to_string(),
-                }
+                answers.join("\n")
             }
         };
         let mut result = json!({"content":[{"type":"text","text":result_text}],"isError":false});

@@ -31,9 +31,14 @@ pub struct Gateway {
 
 impl Gateway {
     pub async fn start(toml: &str) -> Gateway {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Gateway::start_on(toml, listener).await
+    }
+
+    /// Starts on a listener bound beforehand (when the config must name the address).
+    pub async fn start_on(toml: &str, listener: tokio::net::TcpListener) -> Gateway {
         let config = portico::config::validate(portico::config::parse(toml).expect("parse"))
             .expect("valid config");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         // `[metrics]` gets its own port 0 listener, whatever `listen` says.
         let metrics = match &config.metrics {

@@ -7,6 +7,7 @@
 mod aggregate;
 mod cache;
 mod core;
+mod input;
 mod legacy;
 mod stdio;
 

@@ -5,11 +5,16 @@
 //   ts_client.mjs [--tool-prefix P] --stdio -- CMD ARGS...
 //   (--legacy is accepted and ignored.)
 //
+//   --scenario input         declare elicitation, sampling and roots (handlers answer {name: "octocat"},
+//                            "Paris" and the root file:///work), call `ask` and `roots`; prints
+//                            {"ok": true, "era": "legacy", "ask": ..., "roots": ..., "asked": {...}}
+//
 // Prints ONE JSON object on stdout (same shape as py_client.py); {"ok": false, "error": ...} + exit 1 on failure.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { parseArgs } from 'node:util';
+import { ElicitRequestSchema, CreateMessageRequestSchema, ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 
 function fail(msg) {
   process.stdout.write(JSON.stringify({ ok: false, error: String(msg) }) + '\n');
@@ -31,6 +36,7 @@ try {
       header: { type: 'string', multiple: true, default: [] },
       'tool-prefix': { type: 'string', default: '' },
       timeout: { type: 'string', default: '20' },
+      scenario: { type: 'string', default: 'basic' },
     },
     strict: true,
   }));
@@ -57,10 +63,35 @@ async function scenario() {
     }
     transport = new StreamableHTTPClientTransport(new URL(opts.url), { requestInit: { headers } });
   }
-  const client = new Client({ name: 'portico-interop-ts-client', version: '1.0.0' }, { capabilities: {} });
+  const input = opts.scenario === 'input';
+  const capabilities = input ? { elicitation: { form: {} }, sampling: {}, roots: {} } : {};
+  const client = new Client({ name: 'portico-interop-ts-client', version: '1.0.0' }, { capabilities });
+  const asked = { elicitation: 0, sampling: 0, roots: 0 };
+  if (input) {
+    client.setRequestHandler(ElicitRequestSchema, async () => {
+      asked.elicitation += 1;
+      return { action: 'accept', content: { name: 'octocat' } };
+    });
+    client.setRequestHandler(CreateMessageRequestSchema, async () => {
+      asked.sampling += 1;
+      return { role: 'assistant', content: { type: 'text', text: 'Paris' }, model: 'm', stopReason: 'endTurn' };
+    });
+    client.setRequestHandler(ListRootsRequestSchema, async () => {
+      asked.roots += 1;
+      return { roots: [{ uri: 'file:///work', name: 'work' }] };
+    });
+  }
   const ro = { timeout: timeoutMs };
   await client.connect(transport, ro);
   try {
+    if (input) {
+      const ask = await client.callTool({ name: pre + 'ask', arguments: {} }, undefined, ro);
+      const roots = await client.callTool({ name: pre + 'roots', arguments: {} }, undefined, ro);
+      for (const [n, r] of [['ask', ask], ['roots', roots]]) {
+        if (r.isError) throw new Error(`tool ${n} returned isError: ${textOf(r.content)}`);
+      }
+      return { ok: true, era: 'legacy', ask: textOf(ask.content), roots: textOf(roots.content), asked };
+    }
     const info = client.getServerVersion();
     const tools = await client.listTools({}, ro);
     const echo = await client.callTool({ name: pre + 'echo', arguments: { text: 'hi' } }, undefined, ro);

@@ -7,6 +7,7 @@
 //   --host H                 bind address (default 127.0.0.1)
 //   --port P                 port (default 0: picked by the OS; a fixed one lets a test restart the server in place)
 //   --ttl-ms N, --cache-scope S   accepted and ignored (the v1 SDK is initialize-era only)
+//   --input-tools            also register `ask` and `roots` (server-to-client requests mid-call)
 //
 // HTTP prints exactly one line `LISTENING <port>` on stdout once listening. Logs go to stderr.
 import http from 'node:http';
@@ -15,7 +16,9 @@ import { parseArgs } from 'node:util';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
-import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
+import {
+  isInitializeRequest, ElicitResultSchema, CreateMessageResultSchema, ListRootsResultSchema,
+} from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 
 const { values: opts } = parseArgs({
@@ -27,6 +30,7 @@ const { values: opts } = parseArgs({
     port: { type: 'string', default: '0' },
     'ttl-ms': { type: 'string' },
     'cache-scope': { type: 'string' },
+    'input-tools': { type: 'boolean', default: false },
   },
   strict: true,
 });
@@ -58,6 +62,30 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 function registerDynamic(server, name) {
   server.registerTool(name, { description: `dynamic echo tool ${name}`, inputSchema: { text: z.string().optional() } },
     async ({ text: t }) => text(t ?? ''));
+}
+
+function registerInputTools(server) {
+  // Server-to-client requests mid-call, on the call's own stream (`extra.sendRequest` carries the
+  // related request id): `ask` elicits a name, then samples the client's LLM; `roots` lists the
+  // client's roots.
+  server.registerTool('ask', { description: 'Elicit a name, then sample the client, then report both', inputSchema: {} },
+    async (_args, extra) => {
+      const e = await extra.sendRequest({
+        method: 'elicitation/create',
+        params: { mode: 'form', message: 'name?', requestedSchema: { type: 'object', properties: { name: { type: 'string' } }, required: ['name'] } },
+      }, ElicitResultSchema);
+      const s = await extra.sendRequest({
+        method: 'sampling/createMessage',
+        params: { messages: [{ role: 'user', content: { type: 'text', text: 'capital of France?' } }], maxTokens: 10 },
+      }, CreateMessageResultSchema);
+      return text(`name=${e.content?.name}; sampled=${s.content?.text}`);
+    });
+
+  server.registerTool('roots', { description: "List the client's roots", inputSchema: {} },
+    async (_args, extra) => {
+      const r = await extra.sendRequest({ method: 'roots/list' }, ListRootsResultSchema);
+      return text(r.roots.map((x) => x.uri).join(','));
+    });
 }
 
 function buildServer() {
@@ -117,6 +145,8 @@ function buildServer() {
 
   server.registerTool('whoami', { description: "Return the Authorization header this server saw, or 'none'", inputSchema: {} },
     async (_args, extra) => text(extra.requestInfo?.headers?.authorization ?? 'none'));
+
+  if (opts['input-tools']) registerInputTools(server);
 
   server.registerResource('greeting', 'demo://greeting', { mimeType: 'text/plain', description: 'A greeting' },
     async (uri) => ({ contents: [{ uri: uri.href, mimeType: 'text/plain', text: 'hello from typescript' }] }));
