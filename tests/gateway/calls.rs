@@ -73,10 +73,37 @@ async fn routes(extra: &str) -> Routes {
         stdio_backend("sm", "--modern", extra),
     ))
     .await;
-    Routes {
+    let r = Routes {
         gw,
         _modern: modern,
         _legacy: legacy,
+    };
+    r.warm().await;
+    r
+}
+
+impl Routes {
+    /// One `tools/list` answered on every route before a test times anything: the stdio
+    /// children (one per client under `per_client` isolation) and the bridged sessions are
+    /// opened here, so a slow start on a busy machine is not counted against `timeout_ms` or
+    /// `max_call_ms`. Bounded: a route that never answers fails the test.
+    async fn warm(&self) {
+        for path in ROUTES {
+            let url = self.gw.url(path);
+            let mut ok = false;
+            for _ in 0..20 {
+                let r = mcp(&url, json!(0), "tools/list", json!({})).await;
+                if r.status == 200
+                    && messages(&r)
+                        .last()
+                        .is_some_and(|m| m.get("result").is_some())
+                {
+                    ok = true;
+                    break;
+                }
+            }
+            assert!(ok, "{path}: never answered tools/list");
+        }
     }
 }
 

@@ -705,7 +705,9 @@ mod bridged {
         // machine the Python child can take a few hundred ms to reach `slow_exit`.
         let dying = {
             let url = url.clone();
-            tokio::spawn(async move { call(&url, json!(2), "slow_exit", json!({"ms": 1500})).await })
+            tokio::spawn(
+                async move { call(&url, json!(2), "slow_exit", json!({"ms": 1500})).await },
+            )
         };
         tokio::time::sleep(Duration::from_millis(500)).await;
         let r = call(&url, json!(3), "echo", json!({"text": "after"})).await;
