@@ -199,11 +199,11 @@ async fn modern(
             deadline,
         };
         match step::step(state, ctx, backend, req).await? {
-            Answer::Relayed(resp) => return Ok(resp),
+            Answer::Relayed(resp) => return Ok(*resp),
             // The backend turned out initialize-era: served below, through the bridge.
             Answer::Reprobed => {}
             Answer::Reply(reply) => {
-                return Ok(render(reply, None, &backend.name, backend.cfg.timeout_ms).await);
+                return Ok(render(*reply, None, &backend.name, backend.cfg.timeout_ms).await);
             }
         }
     }
