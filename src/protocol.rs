@@ -561,6 +561,23 @@ pub fn discover_probe_headers() -> Vec<(http::HeaderName, http::HeaderValue)> {
     ]
 }
 
+/// The requests a server may send a client during a call, with the client capability each
+/// needs (digest §2: embedded input requests). The bridge relays or parks them; the stdio
+/// transport routes them to the call they belong to.
+pub const INPUT_REQUESTS: [(&str, &str); 3] = [
+    ("elicitation/create", "elicitation"),
+    ("sampling/createMessage", "sampling"),
+    ("roots/list", "roots"),
+];
+
+/// The capability a server request needs, when it is one a client can be asked.
+pub fn input_capability(method: &str) -> Option<&'static str> {
+    INPUT_REQUESTS
+        .iter()
+        .find(|(m, _)| *m == method)
+        .map(|(_, c)| *c)
+}
+
 /// Whether a decoded message is a JSON-RPC response (the end of an answer) rather than a
 /// notification about the request.
 pub fn is_response(msg: &[u8]) -> bool {

@@ -46,19 +46,9 @@ use crate::protocol::{RequestId, code, is_response};
 use crate::session::Sealer;
 use crate::upstream::{MessageStream, Reply, UpstreamError};
 
-/// The server requests a client may be asked during a call, with the capability each needs.
-const INPUT_METHODS: [(&str, &str); 3] = [
-    ("elicitation/create", "elicitation"),
-    ("sampling/createMessage", "sampling"),
-    ("roots/list", "roots"),
-];
-
 /// The capability a server request needs, when it is one a client can be asked.
 pub fn capability_for(method: &str) -> Option<&'static str> {
-    INPUT_METHODS
-        .iter()
-        .find(|(m, _)| *m == method)
-        .map(|(_, c)| *c)
+    crate::protocol::input_capability(method)
 }
 
 /// How a client receives a legacy server's requests during its calls.

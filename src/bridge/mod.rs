@@ -336,6 +336,11 @@ async fn send_raw(
             let Some(st) = stdio_of(b, s.child.as_ref()) else {
                 return Err(UpstreamError::Protocol("no stdio child".into()));
             };
+            // A client's answer to the server's own request (bridge::input).
+            if crate::protocol::is_response(&body) {
+                st.respond(body).await?;
+                return Ok(Reply::accepted());
+            }
             if crate::protocol::sniff_id(&body).is_none() {
                 st.notify(body).await?;
                 return Ok(Reply::accepted());

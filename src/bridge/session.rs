@@ -93,7 +93,7 @@ fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
 fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
     let child = match (&b.upstream, &b.cfg.command) {
         (Upstream::Stdio(_), Some(cmd)) if *key != OWN => {
-            let child = Arc::new(StdioUpstream::new(&b.cfg, cmd.clone()));
+            let child = Arc::new(StdioUpstream::new_owned(&b.cfg, cmd.clone()));
             forward_notes(b, &child);
             Some(child)
         }

@@ -64,8 +64,9 @@ const BROADCAST_QUEUE: usize = 256;
 /// Prefix of the progress tokens portico sends upstream.
 const TOKEN_PREFIX: &str = "portico-";
 /// What a server-initiated request other than `ping` gets back.
-const NO_SERVER_REQUESTS: &str = "portico serves 2026-07-28 clients, which cannot receive \
-                                  server-initiated requests; this request cannot be relayed";
+const NO_SERVER_REQUESTS: &str = "no call this request could belong to is in flight (or, on a \
+                                  child shared by clients, more than one is), so portico cannot \
+                                  relay it to a client";
 
 /// How to send one request.
 #[derive(Debug, Clone, Copy)]
@@ -139,6 +140,7 @@ impl StdioUpstream {
             pending: HashMap::new(),
             backlog: VecDeque::new(),
             warnings: super::WarnBudget::new(cfg.name.as_str().into()),
+            owned: false,
         };
         StdioUpstream {
             name: cfg.name.clone(),
@@ -150,6 +152,16 @@ impl StdioUpstream {
             timeout: Duration::from_millis(cfg.timeout_ms),
             max_call: Some(cfg.max_call()),
         }
+    }
+
+    /// A child of one client's own (`isolation = "per_client"`): the server's requests during
+    /// a call go to that client's newest call in flight.
+    pub fn new_owned(cfg: &BackendConfig, command: Vec<String>) -> StdioUpstream {
+        let up = StdioUpstream::new(cfg, command);
+        if let Some(actor) = up.idle.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            actor.owned = true;
+        }
+        up
     }
 
     /// Sends one JSON-RPC message. A request answers with `Reply { status, messages }`: `One`
@@ -236,6 +248,15 @@ impl StdioUpstream {
                 })
             }
         }
+    }
+
+    /// Writes a client's response to one of the server's own requests (which keep the
+    /// server's ids: portico never rewrites them), as it is.
+    pub async fn respond(&self, body: Bytes) -> Result<(), UpstreamError> {
+        if !crate::protocol::is_response(&body) {
+            return Err(UpstreamError::Protocol("not a response".into()));
+        }
+        self.send(Cmd::Notify(line_of(body.to_vec())))
     }
 
     /// Sends a notification (e.g. `notifications/initialized`). Written once the child is up.
@@ -449,6 +470,9 @@ struct Actor {
     backlog: VecDeque<Cmd>,
     /// What the server writes wrong is logged within a budget.
     warnings: super::WarnBudget,
+    /// The child serves one client (`isolation = "per_client"`): any call in flight is that
+    /// client's, so a server request can go to the newest one.
+    owned: bool,
 }
 
 type Writer = mpsc::UnboundedSender<Bytes>;
@@ -688,7 +712,7 @@ impl Actor {
             }
         };
         match (msg.method.as_deref(), msg.id) {
-            (Some(method), Some(id)) => self.server_request(method, id, out),
+            (Some(method), Some(id)) => self.server_request(method, id, &line, out),
             (Some(method), None) => self.notification(method, msg.params, &line),
             (None, Some(id)) if msg.result.is_some() || msg.error.is_some() => {
                 self.response(id, msg.result, msg.error)
@@ -726,9 +750,23 @@ impl Actor {
         p.finish(Ok(Event::Response(status, body)));
     }
 
-    /// Legacy servers may ask the client things; a 2026-07-28 client cannot be asked, so answer
-    /// at once rather than leave the server waiting.
-    fn server_request(&mut self, method: &str, id: &RawValue, out: &Writer) {
+    /// A server's request: `ping` is answered here; a request a client can be asked
+    /// (`protocol::INPUT_REQUESTS`) joins the stream of the call it belongs to, where the bridge
+    /// relays or parks it (`bridge::input`) and answers through [`StdioUpstream::respond`];
+    /// anything else, or one no call can be found for, is refused at once rather than leave
+    /// the server waiting.
+    fn server_request(&mut self, method: &str, id: &RawValue, line: &[u8], out: &Writer) {
+        if crate::protocol::input_capability(method).is_some()
+            && let Some(call) = self.call_for_input()
+            && call.tx.capacity() > 1
+            && call
+                .tx
+                .try_send(Ok(Event::Note(Bytes::copy_from_slice(line))))
+                .is_ok()
+        {
+            debug!(backend = %self.name, method, "server request joins its call's stream");
+            return;
+        }
         let reply = if method == "ping" {
             debug!(backend = %self.name, "answering server ping");
             json!({"jsonrpc": "2.0", "id": id, "result": {}})
@@ -738,6 +776,18 @@ impl Actor {
             json!({"jsonrpc": "2.0", "id": id, "error": error})
         };
         let _ = out.send(line_of(serde_json::to_vec(&reply).unwrap_or_default()));
+    }
+
+    /// The call a server request made now belongs to: stdio says nothing about it, so only
+    /// when the answer is certain — the newest client call on a child that serves one client,
+    /// or the only one in flight on a shared child. portico's own handshakes never qualify.
+    fn call_for_input(&self) -> Option<&Pending> {
+        let mut calls = self.pending.iter().filter(|(_, p)| p.cancellable);
+        if self.owned {
+            return calls.max_by_key(|(gid, _)| **gid).map(|(_, p)| p);
+        }
+        let only = calls.next()?;
+        calls.next().is_none().then_some(only.1)
     }
 
     /// Progress goes to the request whose gateway token it carries, with the caller's token

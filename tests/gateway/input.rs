@@ -149,6 +149,65 @@ async fn a_legacy_backends_requests_are_relayed_to_a_legacy_client() {
     gw.stop().await;
 }
 
+/// Item 3 on a legacy stdio backend (a child per client, `isolation = "per_client"`): the
+/// server's request during a call reaches a legacy client on the call's stream under portico's
+/// id, and a 2026-07-28 client as `input_required`; both answers reach the server under its
+/// own id and the calls complete.
+#[tokio::test]
+async fn a_legacy_stdio_backends_requests_reach_both_eras_of_client() {
+    let backend = crate::sessions::stdio_backend(&["--legacy"], "input_hold_ms = 5000\n");
+    let gw = Gateway::start(&format!("[metrics]\n{backend}")).await;
+    let url = gw.url("/mcp/b");
+    let client = Old::connect(&url, None, ASKABLE).await;
+    for (n, method) in METHODS.iter().enumerate() {
+        let mut events = Events::open(
+            &client,
+            json!({"jsonrpc":"2.0","id":n + 1,"method":"tools/call",
+                "params":{"name":"ask","arguments":{"method":method}}}),
+        )
+        .await;
+        let req = events.next().await.expect("the server's request");
+        assert_eq!(req["method"], *method, "{req}");
+        let pid = req["id"].as_str().expect("string id").to_string();
+        assert!(pid.starts_with("portico-input-"), "portico's id: {req}");
+        let r = client
+            .post(json!({"jsonrpc":"2.0","id":pid,"result":answer_for(method)}))
+            .await;
+        assert_eq!(r.status, 202, "{:?}", r.body);
+        let last = events.next().await.expect("the result");
+        assert_eq!(last["id"], json!(n + 1), "{last}");
+        let got = &last["result"]["structuredContent"]["answer"];
+        assert!(got["id"].as_str().unwrap().starts_with("srv-"), "{last}");
+        assert_eq!(got["result"], answer_for(method), "{last}");
+    }
+    for method in METHODS {
+        let args = json!({"method": method});
+        let call = json!({"name":"ask","arguments":args});
+        let r = modern(&url, None, json!(1), "tools/call", call, ASKABLE).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let res = r.result();
+        let result = &res["result"];
+        assert_eq!(result["resultType"], "input_required", "{res}");
+        let (key, req) = result["inputRequests"]
+            .as_object()
+            .and_then(|m| m.iter().next())
+            .expect("one input request");
+        assert_eq!(req["method"], method, "{req}");
+        let state = result["requestState"].as_str().unwrap();
+        let retry = json!({"name":"ask","arguments":args,
+            "inputResponses":{key.clone(): answer_for(method)},"requestState":state});
+        let r = modern(&url, None, json!(2), "tools/call", retry, ASKABLE).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let res = r.result();
+        assert_eq!(res["result"]["resultType"], "complete", "{res}");
+        let got = &res["result"]["structuredContent"]["answer"];
+        assert!(got["id"].as_str().unwrap().starts_with("srv-"), "{res}");
+        assert_eq!(got["result"], answer_for(method), "{res}");
+    }
+    gauge_reaches(&gw, 0.0).await;
+    gw.stop().await;
+}
+
 /// A legacy client that never answers a relayed request: the server gets an error when
 /// `input_hold_ms` runs out, and the call completes.
 #[tokio::test]

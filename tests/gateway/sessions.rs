@@ -37,7 +37,7 @@ fn http_backend(url: &str, extra: &str) -> String {
     format!("[[backends]]\nname = \"b\"\nurl = \"{url}\"\ntimeout_ms = 10000\n{extra}\n")
 }
 
-fn stdio_backend(args: &[&str], extra: &str) -> String {
+pub(crate) fn stdio_backend(args: &[&str], extra: &str) -> String {
     let mut cmd = vec!["python3".to_string(), MOCK.to_string()];
     cmd.extend(args.iter().map(|a| a.to_string()));
     format!(

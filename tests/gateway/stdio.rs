@@ -416,15 +416,54 @@ async fn legacy_server_requests_are_answered_and_errors_map_to_statuses() {
         "{ping}"
     );
 
-    let ask = call_tool(&up, "ask", json!({})).await.unwrap();
+    // A request a client can be asked joins the stream of the call it came during, with the
+    // server's own id; the answer written back with `respond` reaches the server.
+    let reply = up
+        .call(tool(json!("t"), "ask", json!({})), within(10_000))
+        .await
+        .unwrap();
+    let MessageStream::Many(mut msgs) = reply.messages else {
+        panic!("the request starts a stream")
+    };
+    let next = async |m: &mut futures_util::stream::BoxStream<
+        'static,
+        Result<Bytes, UpstreamError>,
+    >|
+           -> Value {
+        let b: Bytes = tokio::time::timeout(Duration::from_secs(10), m.next())
+            .await
+            .expect("in time")
+            .expect("a message")
+            .expect("no error");
+        serde_json::from_slice(&b).unwrap()
+    };
+    let asked = next(&mut msgs).await;
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    assert_eq!(asked["id"], "srv-2", "{asked}");
+    let answer = json!({"jsonrpc":"2.0","id":"srv-2","result":{"action":"decline"}});
+    up.respond(msg(answer.clone())).await.unwrap();
+    let done = next(&mut msgs).await;
+    assert_eq!(done["id"], "t", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["answer"], answer,
+        "{done}"
+    );
+
+    // During portico's own requests (never cancellable: no client behind them) nobody can be
+    // asked: refused at once, so the server never waits.
+    let reply = up
+        .request(tool(json!("o"), "ask", json!({})), within(10_000))
+        .await
+        .unwrap();
+    let ask = collect(reply).await.unwrap().pop().unwrap();
     let answer = &ask["result"]["structuredContent"]["answer"];
-    assert_eq!(answer["id"], "srv-2");
+    assert_eq!(answer["id"], "srv-3");
     assert_eq!(answer["error"]["code"], -32601, "{ask}");
     assert!(
         answer["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("2026-07-28")
+            .contains("cannot relay it to a client")
     );
 
     // -32601 mirrors to 404, as a modern HTTP server would answer.
