@@ -173,7 +173,14 @@ async fn modern(
     let mh = frontend::check_modern_head(&head)?;
     ctx.method = mh.method.map(str::to_owned);
     // From the request's start: one clock read fewer, and the timeout counts portico's own time.
-    let deadline = Instant::from_std(ctx.start) + backend.timeout;
+    // A listen stream is long-lived by design: held open past `timeout_ms` (keep-alive
+    // comments meanwhile, `[server] sse_keepalive_ms`), bounded by `LISTEN_LIFETIME`.
+    let listen = mh.method == Some("subscriptions/listen");
+    let deadline = if listen {
+        Instant::now() + bridge::LISTEN_LIFETIME
+    } else {
+        Instant::from_std(ctx.start) + backend.timeout
+    };
     bridge::ensure_verdict(backend).await?;
     if let Some(method) = mh.method
         && step::can_pass_through(state, ctx, backend, &mh)
@@ -221,6 +228,12 @@ async fn modern(
         deadline,
     ))
     .await?;
+    let reply = match (&env.id, listen) {
+        (Some(id), true) => {
+            bridge::to_client(reply, id, state.metrics.listen_stream(&backend.name))
+        }
+        _ => reply,
+    };
     Ok(render(
         reply,
         env.id.as_ref(),

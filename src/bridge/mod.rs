@@ -43,11 +43,13 @@
 //! and cancellation); this file holds the request entry points ([`call`], `discover`,
 //! `send_raw`).
 
+mod listen;
 mod owner;
 mod probe;
 mod session;
 mod translate;
 
+pub use listen::{LISTEN_LIFETIME, set_client_level, to_client};
 pub use owner::{Owner, digest};
 
 pub use probe::{
@@ -189,16 +191,22 @@ pub async fn call(
         // by dropping it, which sends the upstream id (`CancelGuard`).
         return Ok(Bridged::Answer(Reply::accepted()));
     }
-    if method == "subscriptions/listen" {
-        return Err(GatewayError::MethodNotFound(
-            "subscriptions/listen is not bridged to initialize-era backends".into(),
-        ));
+    if method == "subscriptions/listen"
+        && let Some(id) = client_id
+    {
+        return listen::listen(b, owner, id, body, deadline).await;
     }
+    // The request's own `logLevel` (docs/protocol.md §1): the session is set to log at least
+    // that much, and the call's stream carries its lines at or above it.
+    let log_level = translate::log_level(body);
     for attempt in 0..2 {
         let (slot, s) = match session_or_modern(b, owner, deadline).await {
             Ok(held) => held,
             Err(e) => return on_session_error(b, e).await,
         };
+        if let Some(level) = log_level {
+            listen::set_level(b, &s, level, false).await;
+        }
         let upstream_id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (up_body, token) = to_legacy(body, upstream_id)?;
         let Some(client_id) = client_id else {
@@ -216,6 +224,7 @@ pub async fn call(
             ttl_ms: b.cfg.default_ttl_ms,
             scope: scope_str(b.cfg.default_cache_scope),
             server_info: s.init.get("serverInfo").cloned(),
+            log_level,
         };
         // Armed from here: if this future or the answer stream is dropped before the answer,
         // the server hears `notifications/cancelled`. Over stdio the transport does that itself

@@ -413,7 +413,9 @@ pub fn charge(core: &Core, ctx: &mut RequestCtx) -> Result<(), GatewayError> {
 ///   agree with the headers before an entry is served or stored);
 /// - a caller under a tool policy (checked against the parsed body, never the headers alone);
 /// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era;
-/// - `server/discover`, whose `supportedVersions` portico rewrites to its own.
+/// - `server/discover`, whose `supportedVersions` portico rewrites to its own;
+/// - `subscriptions/listen`, whose notifications get the client's `subscriptionId` and whose
+///   stream is counted while open.
 pub fn can_pass_through(
     core: &Core,
     ctx: &RequestCtx,
@@ -425,7 +427,9 @@ pub fn can_pass_through(
         && matches!(backend.upstream, Upstream::Http(_))
         && backend.cfg.verify_body == VerifyBody::Auto
         && mh.method.is_some_and(|m| {
-            !(core.cache.enabled() && protocol::is_cacheable_method(m)) && m != "server/discover"
+            !(core.cache.enabled() && protocol::is_cacheable_method(m))
+                && m != "server/discover"
+                && m != "subscriptions/listen"
         })
         && core.auth.policy(ctx.principal.as_deref()).is_none()
 }

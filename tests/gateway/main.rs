@@ -13,6 +13,7 @@ mod hardening;
 mod interop;
 mod layers;
 mod legacy;
+mod listen;
 mod observe;
 mod redis;
 mod reliability;

@@ -1,0 +1,313 @@
+//! `subscriptions/listen` through `/mcp/<name>` to every kind of backend (issue #20 item 1):
+//! modern HTTP, initialize-era HTTP (from the session's GET stream, `resourceSubscriptions` as
+//! upstream `resources/subscribe`), and both eras over stdio. Each stream is acknowledged,
+//! carries the client's `subscriptionId`, outlives `timeout_ms` with keep-alive comments, and
+//! ends upstream too when the client leaves (`portico_listen_streams` back to 0).
+
+use crate::common::mock::MockMcp;
+use crate::common::*;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use std::time::Duration;
+use tokio::time::Instant;
+
+const STDIO_MOCK: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/gateway/fixtures/stdio_mock.py"
+);
+
+/// One backend `b` (given as its TOML lines) with a short `timeout_ms`, frequent keep-alives,
+/// metrics on and the cache off (the cache's own change streams would be listeners too).
+pub(crate) fn config(backend: &str) -> String {
+    format!(
+        "[server]\nsse_keepalive_ms = 150\n[metrics]\n[log]\naccess = false\n[cache]\nenabled = false\n\
+         [[backends]]\nname = \"b\"\ntimeout_ms = 600\n{backend}\n"
+    )
+}
+
+pub(crate) fn http_backend(url: &str) -> String {
+    format!("url = \"{url}\"\n")
+}
+
+pub(crate) fn stdio_backend(args: &[&str]) -> String {
+    let mut cmd = vec!["python3".to_string(), STDIO_MOCK.to_string()];
+    cmd.extend(args.iter().map(|a| a.to_string()));
+    format!("command = {}\n", serde_json::to_string(&cmd).unwrap())
+}
+
+/// The value of `portico_listen_streams` for `endpoint` (0 when the series is absent).
+pub(crate) async fn open_listens(gw: &Gateway, endpoint: &str) -> i64 {
+    let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let text = String::from_utf8_lossy(&r.body).to_string();
+    let prefix = format!("portico_listen_streams{{endpoint=\"{endpoint}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as i64)
+}
+
+/// Polls `cond` every 20 ms for up to 10 s.
+pub(crate) async fn until<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut cond: impl FnMut() -> F,
+) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !cond().await {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An open listen stream as the client reads it.
+pub(crate) struct Listen {
+    pub body: hyper::body::Incoming,
+    dec: portico::sse::SseDecoder,
+    /// Raw bytes seen so far (keep-alive comments included).
+    pub raw: Vec<u8>,
+}
+
+impl Listen {
+    pub async fn open(url: &str, id: Value, filter: Value) -> (u16, Listen) {
+        let resp = send_stream(
+            "POST",
+            url,
+            &modern_headers("subscriptions/listen", None),
+            modern_body(
+                id,
+                "subscriptions/listen",
+                json!({ "notifications": filter }),
+            ),
+        )
+        .await;
+        let status = resp.status().as_u16();
+        (
+            status,
+            Listen {
+                body: resp.into_body(),
+                dec: portico::sse::SseDecoder::new(1 << 20),
+                raw: Vec::new(),
+            },
+        )
+    }
+
+    /// Messages arriving within `ms`.
+    pub async fn read(&mut self, ms: u64) -> Vec<Value> {
+        let end = Instant::now() + Duration::from_millis(ms);
+        let mut out = Vec::new();
+        while let Ok(Some(frame)) = tokio::time::timeout_at(end, self.body.frame()).await {
+            let Ok(frame) = frame else { break };
+            if let Ok(data) = frame.into_data() {
+                self.raw.extend_from_slice(&data);
+                self.dec.push(&data);
+                while let Ok(Some(ev)) = self.dec.next_event() {
+                    out.push(serde_json::from_slice(&ev).unwrap());
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads until a message with `method` arrives (up to 5 s); every message read.
+    pub async fn read_until(&mut self, method: &str) -> Vec<Value> {
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut out = Vec::new();
+        while Instant::now() < end {
+            let got = self.read(100).await;
+            let done = got.iter().any(|m| m["method"] == method);
+            out.extend(got);
+            if done {
+                break;
+            }
+        }
+        out
+    }
+}
+
+fn sid(m: &Value) -> &Value {
+    &m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"]
+}
+
+fn count(msgs: &[Value], method: &str) -> usize {
+    msgs.iter().filter(|m| m["method"] == method).count()
+}
+
+/// The acknowledgement comes first, with the client's id; the stream then outlives
+/// `timeout_ms` (600 ms) with keep-alive comments and no error.
+async fn acknowledged_and_held_open(l: &mut Listen, id: Value) -> Value {
+    let first = l
+        .read_until("notifications/subscriptions/acknowledged")
+        .await;
+    assert_eq!(
+        first[0]["method"], "notifications/subscriptions/acknowledged",
+        "{first:?}"
+    );
+    assert_eq!(*sid(&first[0]), id, "{first:?}");
+    let quiet = l.read(1500).await;
+    assert!(
+        quiet.is_empty(),
+        "nothing but keep-alives past timeout_ms: {quiet:?}"
+    );
+    let raw = String::from_utf8_lossy(&l.raw);
+    assert!(raw.contains(": keep-alive"), "no keep-alive comment: {raw}");
+    first[0].clone()
+}
+
+#[tokio::test]
+async fn modern_http_listen_is_held_open_and_closed_with_the_client() {
+    let m = MockMcp::modern().list_changed().start().await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let filter = json!({"toolsListChanged": true, "resourceSubscriptions": ["mock://r"]});
+    let (status, mut l) = Listen::open(&url, json!("L1"), filter).await;
+    assert_eq!(status, 200);
+    acknowledged_and_held_open(&mut l, json!("L1")).await;
+    assert_eq!(open_listens(&gw, "b").await, 1);
+    assert_eq!(m.listen_streams(), 1);
+    // The mock tags its notifications with "?": portico gives them the client's id.
+    m.add_tool("late");
+    let notes = l.read_until("notifications/tools/list_changed").await;
+    assert_eq!(
+        count(&notes, "notifications/tools/list_changed"),
+        1,
+        "{notes:?}"
+    );
+    assert_eq!(sid(&notes[0]), "L1");
+    m.update_resource("mock://r");
+    m.update_resource("mock://other");
+    let notes = l.read_until("notifications/resources/updated").await;
+    assert_eq!(
+        count(&notes, "notifications/resources/updated"),
+        1,
+        "{notes:?}"
+    );
+    assert_eq!(notes[0]["params"]["uri"], "mock://r");
+    assert_eq!(sid(&notes[0]), "L1");
+    assert!(l.read(300).await.is_empty(), "one of each");
+    drop(l);
+    until("the upstream listen to close", || async {
+        m.listen_streams() == 0
+    })
+    .await;
+    until("the gauge back to 0", || async {
+        open_listens(&gw, "b").await == 0
+    })
+    .await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn legacy_http_listen_uses_the_session_stream_and_subscribes_upstream() {
+    let m = MockMcp::legacy()
+        .list_changed()
+        .subscribe_and_log()
+        .start()
+        .await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let filter = json!({"toolsListChanged": true, "promptsListChanged": true,
+        "resourceSubscriptions": ["mock://r"]});
+    let (status, mut l) = Listen::open(&url, json!(7), filter).await;
+    assert_eq!(status, 200);
+    let ack = acknowledged_and_held_open(&mut l, json!(7)).await;
+    // Only what the server can deliver: its prompts have no `listChanged`.
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged": true, "resourceSubscriptions": ["mock://r"]})
+    );
+    // Acknowledged once portico had the session's GET stream and the upstream subscription.
+    assert_eq!(m.get_streams(), 1);
+    assert_eq!(m.count("resources/subscribe"), 1);
+    assert_eq!(open_listens(&gw, "b").await, 1);
+    m.add_tool("late");
+    let notes = l.read_until("notifications/tools/list_changed").await;
+    assert_eq!(
+        count(&notes, "notifications/tools/list_changed"),
+        1,
+        "{notes:?}"
+    );
+    assert_eq!(sid(&notes[0]), 7);
+    m.update_resource("mock://r");
+    let notes = l.read_until("notifications/resources/updated").await;
+    assert_eq!(
+        count(&notes, "notifications/resources/updated"),
+        1,
+        "{notes:?}"
+    );
+    assert_eq!(notes[0]["params"]["uri"], "mock://r");
+    assert_eq!(sid(&notes[0]), 7);
+    assert!(l.read(300).await.is_empty(), "one of each");
+    drop(l);
+    until("the session's GET stream to close", || async {
+        m.get_streams() == 0
+    })
+    .await;
+    until("resources/unsubscribe upstream", || async {
+        m.count("resources/unsubscribe") == 1
+    })
+    .await;
+    until("the gauge back to 0", || async {
+        open_listens(&gw, "b").await == 0
+    })
+    .await;
+    gw.stop().await;
+}
+
+/// Over stdio, both eras: the child's notifications (modern: tagged with the id portico gave
+/// the listen request) reach the client with its own id; leaving cancels the child's listen.
+#[tokio::test]
+async fn stdio_listen_both_eras() {
+    for args in [&["--modern"][..], &["--legacy"][..]] {
+        let gw = Gateway::start(&config(&stdio_backend(args))).await;
+        let url = gw.url("/mcp/b");
+        let (status, mut l) =
+            Listen::open(&url, json!("S1"), json!({"toolsListChanged": true})).await;
+        assert_eq!(status, 200, "{args:?}");
+        let ack = acknowledged_and_held_open(&mut l, json!("S1")).await;
+        assert_eq!(
+            ack["params"]["notifications"],
+            json!({"toolsListChanged": true}),
+            "{args:?}"
+        );
+        assert_eq!(open_listens(&gw, "b").await, 1);
+        let r = mcp(
+            &url,
+            json!(1),
+            "tools/call",
+            json!({"name":"list_changed","arguments":{}}),
+        )
+        .await;
+        assert_eq!(
+            r.result()["result"]["content"][0]["text"],
+            "sent",
+            "{args:?}"
+        );
+        let notes = l.read_until("notifications/tools/list_changed").await;
+        assert_eq!(
+            count(&notes, "notifications/tools/list_changed"),
+            1,
+            "{args:?} {notes:?}"
+        );
+        assert_eq!(sid(&notes[0]), "S1");
+        assert!(l.read(300).await.is_empty(), "{args:?}: one only");
+        drop(l);
+        until("the gauge back to 0", || async {
+            open_listens(&gw, "b").await == 0
+        })
+        .await;
+        if args == ["--modern"] {
+            // The child heard the cancel of its listen request.
+            until("the child's listen to end", || async {
+                let r = mcp(
+                    &url,
+                    json!(2),
+                    "tools/call",
+                    json!({"name":"listeners","arguments":{}}),
+                )
+                .await;
+                r.result()["result"]["structuredContent"]["listeners"] == 0
+            })
+            .await;
+        }
+        gw.stop().await;
+    }
+}
