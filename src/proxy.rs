@@ -116,6 +116,12 @@ where
         Method::DELETE => {
             return Box::pin(legacy::delete(state, ctx, path, route, &parts.headers)).await;
         }
+        // An initialize-era client's notification stream (405 without a session id).
+        Method::GET => {
+            frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
+            ctx.era = Some(frontend::Era::Legacy);
+            return Box::pin(legacy::get(state, ctx, path, route, &parts.headers)).await;
+        }
         _ => return Err(GatewayError::MethodNotAllowed),
     }
     frontend::check_origin(&seen, &state.config.server.allowed_origins)?;

@@ -61,6 +61,8 @@ pub struct Core {
     pub auth: Auth,
     /// Calls in flight on shared upstreams, so a client's cancel finds its own (`calls`).
     pub calls: Arc<calls::Calls>,
+    /// What initialize-era clients asked to hear (`clients`).
+    pub clients: Arc<clients::Clients>,
 }
 
 /// Everything known about one request, filled in as it moves through the phases and read once
@@ -1030,6 +1032,7 @@ fn portico_versions(reply: Reply) -> Reply {
 }
 
 pub mod calls;
+pub mod clients;
 
 #[cfg(test)]
 mod tests;

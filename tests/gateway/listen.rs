@@ -6,6 +6,7 @@
 
 use crate::common::mock::MockMcp;
 use crate::common::*;
+use crate::legacy::OldClient;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -310,4 +311,196 @@ async fn stdio_listen_both_eras() {
         }
         gw.stop().await;
     }
+}
+
+/// A legacy client's GET stream (`mcp-session-id`), as an open `Listen`.
+pub(crate) async fn get_stream(url: &str, sid: &str) -> Listen {
+    let resp = send_stream(
+        "GET",
+        url,
+        &[("mcp-session-id", sid), ("accept", "text/event-stream")],
+        "",
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    Listen {
+        body: resp.into_body(),
+        dec: portico::sse::SseDecoder::new(1 << 20),
+        raw: Vec::new(),
+    }
+}
+
+/// Item 2 against an initialize-era HTTP backend: a legacy client's GET stream carries
+/// list changes and the updates of its own subscriptions; `logging/setLevel` is per client, and
+/// so are the log lines (on its requests' streams and its GET stream); `ping` stays local.
+#[tokio::test]
+async fn legacy_clients_get_notifications_subscriptions_and_their_own_logs() {
+    let m = MockMcp::legacy()
+        .list_changed()
+        .subscribe_and_log()
+        .start()
+        .await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let (a, init) = OldClient::connect(&url, "2025-11-25").await;
+    assert_eq!(init["capabilities"]["resources"]["subscribe"], true);
+    assert!(init["capabilities"]["logging"].is_object());
+    assert!(init["capabilities"]["tools"]["listChanged"] == true);
+    let (b, _) = OldClient::connect(&url, "2025-06-18").await;
+    let mut a_get = get_stream(&url, &a.sid).await;
+    let mut b_get = get_stream(&url, &b.sid).await;
+    until("both GET streams upstream", || async {
+        m.get_streams() == 2
+    })
+    .await;
+    assert_eq!(open_listens(&gw, "b").await, 2);
+    // ping: answered by portico.
+    let r = a.call(json!(1), "ping", json!({})).await;
+    assert_eq!(r.json()["result"], json!({}));
+    assert_eq!(m.count("ping"), 0);
+    // subscribe: upstream, in a's own session.
+    let r = a
+        .call(json!(2), "resources/subscribe", json!({"uri":"mock://r"}))
+        .await;
+    assert_eq!(r.json()["result"], json!({}), "{:?}", r.body);
+    assert_eq!(m.count("resources/subscribe"), 1);
+    m.update_resource("mock://r");
+    let notes = a_get.read_until("notifications/resources/updated").await;
+    assert_eq!(
+        count(&notes, "notifications/resources/updated"),
+        1,
+        "{notes:?}"
+    );
+    assert_eq!(notes[0]["params"]["uri"], "mock://r");
+    assert!(
+        sid(&notes[0]).is_null(),
+        "no subscriptionId for a legacy client"
+    );
+    // list_changed: on both.
+    m.add_tool("late");
+    for (name, s) in [("a", &mut a_get), ("b", &mut b_get)] {
+        let notes = s.read_until("notifications/tools/list_changed").await;
+        assert_eq!(
+            count(&notes, "notifications/tools/list_changed"),
+            1,
+            "{name}: {notes:?}"
+        );
+        assert_eq!(
+            count(&notes, "notifications/resources/updated"),
+            0,
+            "{name}: b subscribed to nothing, a got its update already: {notes:?}"
+        );
+    }
+    // Log levels, per client.
+    let r = a
+        .call(json!(3), "logging/setLevel", json!({"level":"warning"}))
+        .await;
+    assert_eq!(r.json()["result"], json!({}));
+    let r = b
+        .call(json!(3), "logging/setLevel", json!({"level":"debug"}))
+        .await;
+    assert_eq!(r.json()["result"], json!({}));
+    let mut levels: Vec<String> = m.state.levels.lock().unwrap().values().cloned().collect();
+    levels.sort();
+    assert_eq!(levels, ["debug", "warning"], "each in its own session");
+    let lines = |r: &Resp| -> Vec<String> {
+        r.messages()
+            .iter()
+            .filter(|m| m["method"] == "notifications/message")
+            .map(|m| m["params"]["data"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let ra = a
+        .call(
+            json!(4),
+            "tools/call",
+            json!({"name":"log","arguments":{"tag":"A"}}),
+        )
+        .await;
+    let rb = b
+        .call(
+            json!(4),
+            "tools/call",
+            json!({"name":"log","arguments":{"tag":"B"}}),
+        )
+        .await;
+    assert_eq!(lines(&ra), ["A:warning", "A:error"], "{:?}", ra.body);
+    assert_eq!(
+        lines(&rb),
+        ["B:debug", "B:info", "B:warning", "B:error"],
+        "{:?}",
+        rb.body
+    );
+    assert_eq!(ra.result()["result"]["content"][0]["text"], "logged");
+    // Session-wide log lines on the GET streams: each client's level.
+    m.log_to_sessions("info", "chatter");
+    let notes = b_get.read_until("notifications/message").await;
+    assert_eq!(count(&notes, "notifications/message"), 1, "{notes:?}");
+    assert!(
+        a_get.read(300).await.is_empty(),
+        "a asked for warning and above"
+    );
+    // unsubscribe: upstream too; later updates reach nobody.
+    let r = a
+        .call(json!(5), "resources/unsubscribe", json!({"uri":"mock://r"}))
+        .await;
+    assert_eq!(r.json()["result"], json!({}));
+    until("resources/unsubscribe upstream", || async {
+        m.count("resources/unsubscribe") == 1
+    })
+    .await;
+    m.update_resource("mock://r");
+    assert!(a_get.read(300).await.is_empty());
+    drop(a_get);
+    drop(b_get);
+    until("the GET streams upstream to close", || async {
+        m.get_streams() == 0
+    })
+    .await;
+    until("the gauge back to 0", || async {
+        open_listens(&gw, "b").await == 0
+    })
+    .await;
+    gw.stop().await;
+}
+
+/// `resources/subscribe` from a legacy client against a 2026-07-28 backend: a listen with
+/// `resourceSubscriptions` held for the client until it unsubscribes.
+#[tokio::test]
+async fn legacy_client_subscribes_on_a_modern_backend() {
+    let m = MockMcp::modern().subscribe_and_log().start().await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let (a, init) = OldClient::connect(&url, "2025-11-25").await;
+    assert_eq!(init["capabilities"]["resources"]["subscribe"], true);
+    let mut a_get = get_stream(&url, &a.sid).await;
+    let r = a
+        .call(json!(1), "resources/subscribe", json!({"uri":"mock://r"}))
+        .await;
+    assert_eq!(r.json()["result"], json!({}), "{:?}", r.body);
+    // The GET stream's own listen and the subscription's.
+    assert_eq!(m.listen_streams(), 2);
+    assert_eq!(open_listens(&gw, "b").await, 2);
+    m.update_resource("mock://r");
+    let notes = a_get.read_until("notifications/resources/updated").await;
+    assert_eq!(
+        count(&notes, "notifications/resources/updated"),
+        1,
+        "{notes:?}"
+    );
+    let r = a
+        .call(json!(2), "resources/unsubscribe", json!({"uri":"mock://r"}))
+        .await;
+    assert_eq!(r.json()["result"], json!({}));
+    until("the subscription's listen to close", || async {
+        m.listen_streams() == 1
+    })
+    .await;
+    drop(a_get);
+    until("every listen closed", || async { m.listen_streams() == 0 }).await;
+    until("the gauge back to 0", || async {
+        open_listens(&gw, "b").await == 0
+    })
+    .await;
+    gw.stop().await;
 }
