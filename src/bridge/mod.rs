@@ -139,7 +139,7 @@ async fn discover(
     let mut result = json!({
         "resultType": "complete",
         "supportedVersions": SUPPORTED_VERSIONS,
-        "capabilities": s.init.get("capabilities").cloned().unwrap_or(json!({})),
+        "capabilities": delivered(b, &s),
         "ttlMs": b.cfg.default_ttl_ms,
         "cacheScope": scope_str(b.cfg.default_cache_scope),
     });
@@ -151,6 +151,23 @@ async fn discover(
     }
     let msg = json!({"jsonrpc":"2.0","id":id.to_value(),"result":result});
     Ok(Bridged::Answer(Reply::one(StatusCode::OK, msg.to_string())))
+}
+
+/// The legacy server's capabilities as far as portico delivers them to a 2026-07-28 client
+/// (issue #20 item 4): list changes, resource subscriptions and completions are bridged
+/// (`listen`); `logging` only where log lines can be told apart per client — not on a stdio
+/// child shared by every client, whose unasked lines are everybody's (docs/protocol.md §8 item
+/// 17); the in-core experimental `tasks` of 2025-11-25 is not the 2026 tasks extension and is
+/// not bridged.
+fn delivered(b: &Backend, s: &LegacySession) -> serde_json::Value {
+    let mut caps = s.init.get("capabilities").cloned().unwrap_or(json!({}));
+    if let Some(c) = caps.as_object_mut() {
+        c.remove("tasks");
+        if matches!(b.upstream, Upstream::Stdio(_)) && s.child.is_none() {
+            c.remove("logging");
+        }
+    }
+    caps
 }
 
 /// Whether an HTTP answer means the upstream session is gone.

@@ -504,3 +504,133 @@ async fn legacy_client_subscribes_on_a_modern_backend() {
     .await;
     gw.stop().await;
 }
+
+/// The `data` of the log lines in an answer.
+fn log_lines(r: &Resp) -> Vec<String> {
+    r.messages()
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .map(|m| m["params"]["data"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+async fn call_log(url: &str, id: u64, tag: &str, level: Option<&str>) -> Resp {
+    let mut params = json!({"name":"log","arguments":{"tag":tag}});
+    if let Some(l) = level {
+        params["_meta"] = json!({"io.modelcontextprotocol/logLevel": l});
+    }
+    mcp(url, json!(id), "tools/call", params).await
+}
+
+/// Item 3: a 2026-07-28 request's `logLevel` against an initialize-era backend — its log lines
+/// on the call's stream at or above that level, none without one (even when the shared
+/// upstream session was set lower by another request).
+#[tokio::test]
+async fn a_modern_requests_log_level_is_honoured_by_a_legacy_backend() {
+    let m = MockMcp::legacy().subscribe_and_log().start().await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let r = call_log(&url, 1, "W", Some("warning")).await;
+    assert_eq!(log_lines(&r), ["W:warning", "W:error"], "{:?}", r.body);
+    assert_eq!(r.result()["result"]["content"][0]["text"], "logged");
+    let r = call_log(&url, 2, "D", Some("debug")).await;
+    assert_eq!(log_lines(&r), ["D:debug", "D:info", "D:warning", "D:error"]);
+    // The session now logs at debug; a request asking for errors gets errors only.
+    let r = call_log(&url, 3, "E", Some("error")).await;
+    assert_eq!(log_lines(&r), ["E:error"]);
+    let r = call_log(&url, 4, "N", None).await;
+    assert!(log_lines(&r).is_empty(), "{:?}", r.body);
+    assert_eq!(r.result()["result"]["content"][0]["text"], "logged");
+    gw.stop().await;
+}
+
+/// Item 4: every capability `server/discover` (and a legacy client's `initialize`) advertises
+/// through portico is exercised and delivers; nothing else is advertised.
+#[tokio::test]
+async fn every_advertised_capability_is_delivered() {
+    let m = MockMcp::legacy()
+        .list_changed()
+        .subscribe_and_log()
+        .start()
+        .await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let d = mcp(&url, json!(0), "server/discover", json!({}))
+        .await
+        .json()["result"]
+        .clone();
+    let caps = d["capabilities"].as_object().unwrap().clone();
+    let (_, init) = OldClient::connect(&url, "2025-11-25").await;
+    assert_eq!(
+        init["capabilities"], d["capabilities"],
+        "legacy clients are promised the same"
+    );
+    let mut walked = Vec::new();
+    for (name, cap) in &caps {
+        match name.as_str() {
+            "tools" => {
+                if cap["listChanged"] == true {
+                    let (_, mut l) =
+                        Listen::open(&url, json!("t"), json!({"toolsListChanged": true})).await;
+                    l.read_until("notifications/subscriptions/acknowledged")
+                        .await;
+                    m.add_tool("walked");
+                    let n = l.read_until("notifications/tools/list_changed").await;
+                    assert_eq!(count(&n, "notifications/tools/list_changed"), 1);
+                    walked.push("tools.listChanged");
+                }
+                let r = mcp(&url, json!(1), "tools/list", json!({})).await;
+                assert!(r.json()["result"]["tools"].is_array());
+                walked.push("tools");
+            }
+            "resources" => {
+                if cap["subscribe"] == true {
+                    let (_, mut l) = Listen::open(
+                        &url,
+                        json!("r"),
+                        json!({"resourceSubscriptions": ["mock://r"]}),
+                    )
+                    .await;
+                    let ack = l
+                        .read_until("notifications/subscriptions/acknowledged")
+                        .await;
+                    assert_eq!(
+                        ack[0]["params"]["notifications"]["resourceSubscriptions"],
+                        json!(["mock://r"])
+                    );
+                    m.update_resource("mock://r");
+                    let n = l.read_until("notifications/resources/updated").await;
+                    assert_eq!(count(&n, "notifications/resources/updated"), 1);
+                    walked.push("resources.subscribe");
+                }
+                let r = mcp(&url, json!(2), "resources/read", json!({"uri":"mock://r"})).await;
+                assert_eq!(r.result()["result"]["contents"][0]["text"], "mock resource");
+                walked.push("resources");
+            }
+            "prompts" => {
+                let r = mcp(&url, json!(3), "prompts/list", json!({})).await;
+                assert!(r.json()["result"]["prompts"].is_array());
+                walked.push("prompts");
+            }
+            "logging" => {
+                let r = call_log(&url, 4, "L", Some("error")).await;
+                assert_eq!(log_lines(&r), ["L:error"]);
+                walked.push("logging");
+            }
+            other => panic!("advertised but not walked: {other}"),
+        }
+    }
+    walked.sort();
+    assert_eq!(
+        walked,
+        [
+            "logging",
+            "prompts",
+            "resources",
+            "resources.subscribe",
+            "tools",
+            "tools.listChanged"
+        ]
+    );
+    gw.stop().await;
+}
