@@ -340,8 +340,8 @@ impl Metrics {
         );
         let listen_streams = gauge_vec(
             "portico_listen_streams",
-            "Notification streams open to clients (subscriptions/listen, initialize-era GET \
-             streams), by endpoint.",
+            "Notification streams open for clients (subscriptions/listen, initialize-era GET \
+             streams and resource subscriptions), by endpoint.",
             &["endpoint"],
         );
         // Both series exist from the start, so dashboards and alerts see 0, not "no data".
