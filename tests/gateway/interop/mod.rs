@@ -8,6 +8,7 @@ mod aggregate;
 mod cache;
 mod core;
 mod legacy;
+mod listen;
 mod stdio;
 
 use serde_json::Value;
