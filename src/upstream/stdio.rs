@@ -199,6 +199,11 @@ impl StdioUpstream {
         let pending = Pending {
             orig_id: orig_id.to_owned(),
             orig_token,
+            // A listen stream carries no log lines (docs/protocol.md §2), whatever it asked.
+            logs: msg.method != "subscriptions/listen"
+                && msg
+                    .params
+                    .is_some_and(|p| p.get().contains("io.modelcontextprotocol/logLevel")),
             cancellable,
             generation: opts.generation,
             tx,
@@ -459,6 +464,8 @@ enum Cmd {
 struct Pending {
     orig_id: Box<RawValue>,
     orig_token: Option<Box<RawValue>>,
+    /// The request asked for log lines (`_meta` `logLevel`, 2026-07-28).
+    logs: bool,
     cancellable: bool,
     generation: Option<u64>,
     tx: mpsc::Sender<Outcome>,
@@ -793,6 +800,21 @@ impl Actor {
     /// Progress goes to the request whose gateway token it carries, with the caller's token
     /// restored; every other notification is broadcast to subscribers as the child sent it.
     fn notification(&mut self, method: &str, params: Option<&RawValue>, line: &[u8]) {
+        // A log line on stdio names no request. A 2026-07-28 server emits one only for a
+        // request that set `logLevel` (docs/protocol.md §1), so when exactly one such request
+        // is in flight the line is its own; with several it cannot be told whose, and is
+        // nobody's (never another client's).
+        if method == "notifications/message" {
+            let mut asking = self.pending.values().filter(|p| p.logs);
+            if let Some(p) = asking.next() {
+                if asking.next().is_none() {
+                    p.note(Bytes::copy_from_slice(line));
+                } else {
+                    debug!(backend = %self.name, "a log line with several requests asking: dropped");
+                }
+                return;
+            }
+        }
         if method != "notifications/progress" {
             let _ = self.notes.send(Bytes::copy_from_slice(line));
             return;

@@ -157,6 +157,12 @@ def build_server(ttl_ms: int, cache_scope: str, page_size: int = 0) -> MCPServer
         await ctx.notify_resource_updated(uri)
         return f"touched {uri}"
 
+    @mcp.tool(description="Log `<tag>:<level>` at debug, info, warning and error on this request", structured_output=False)
+    async def log(tag: str, ctx: Context) -> str:
+        for level in ("debug", "info", "warning", "error"):
+            await ctx.log(level, f"{tag}:{level}")  # type: ignore[arg-type]
+        return "logged"
+
     @mcp.tool(description="Return the Authorization header this server saw, or 'none'", structured_output=False)
     def whoami(ctx: Context) -> str:
         headers = ctx.headers

@@ -9,6 +9,7 @@ mod cache;
 mod core;
 mod legacy;
 mod listen;
+mod notes;
 mod stdio;
 
 use serde_json::Value;
