@@ -372,16 +372,9 @@ async fn initialize(
         });
     }
     let d = &found["result"];
-    let mut capabilities = d.get("capabilities").cloned().unwrap_or(json!({}));
-    // Resource subscriptions are delivered for one backend (`notes`), not across an
-    // aggregated endpoint's members.
-    if matches!(route, Route::Endpoint(_))
-        && let Some(r) = capabilities
-            .get_mut("resources")
-            .and_then(Value::as_object_mut)
-    {
-        r.remove("subscribe");
-    }
+    // What the discover advertises is what portico delivers on this URL (`notes` serves the
+    // GET stream, subscriptions and log levels).
+    let capabilities = d.get("capabilities").cloned().unwrap_or(json!({}));
     let server_info = d["_meta"][meta::SERVER_INFO].clone();
     let server_info = if server_info.is_object() {
         server_info

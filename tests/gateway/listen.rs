@@ -634,3 +634,68 @@ async fn every_advertised_capability_is_delivered() {
     );
     gw.stop().await;
 }
+
+/// An aggregated endpoint: acknowledged once the members have, `resourceSubscriptions` routed
+/// to the member that serves the URI (here the initialize-era one, listed first), its
+/// `resources/updated` relayed with the client's id, and the stream counted until it ends.
+#[tokio::test]
+async fn aggregated_listen_routes_resource_subscriptions_by_uri() {
+    let l = MockMcp::legacy()
+        .list_changed()
+        .subscribe_and_log()
+        .start()
+        .await;
+    let m = MockMcp::modern().list_changed().start().await;
+    let gw = Gateway::start(&format!(
+        "[server]\nsse_keepalive_ms = 150\n[metrics]\n[log]\naccess = false\n[cache]\nenabled = false\n\
+         [[backends]]\nname = \"l\"\nurl = \"{}\"\ntimeout_ms = 3000\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\ntimeout_ms = 3000\n\
+         [[endpoints]]\npath = \"/mcp\"\nbackends = ['l', 'm']\ndebounce_ms = 50\n",
+        l.url(),
+        m.url()
+    ))
+    .await;
+    let url = gw.url("/mcp");
+    let filter =
+        json!({"toolsListChanged": true, "resourceSubscriptions": ["mock://r", "nowhere://x"]});
+    let (status, mut s) = Listen::open(&url, json!("A1"), filter).await;
+    assert_eq!(status, 200);
+    let first = s
+        .read_until("notifications/subscriptions/acknowledged")
+        .await;
+    assert_eq!(
+        first[0]["params"]["notifications"],
+        json!({"toolsListChanged": true, "resourceSubscriptions": ["mock://r"]}),
+        "{first:?}"
+    );
+    // Acknowledged after the members: the legacy one subscribed upstream already.
+    assert_eq!(l.count("resources/subscribe"), 1);
+    assert_eq!(m.listen_streams(), 1);
+    assert_eq!(open_listens(&gw, "/mcp").await, 1);
+    l.update_resource("mock://r");
+    let notes = s.read_until("notifications/resources/updated").await;
+    assert_eq!(
+        count(&notes, "notifications/resources/updated"),
+        1,
+        "{notes:?}"
+    );
+    assert_eq!(notes[0]["params"]["uri"], "mock://r");
+    assert_eq!(sid(&notes[0]), "A1");
+    m.add_tool("late");
+    let notes = s.read_until("notifications/tools/list_changed").await;
+    assert_eq!(
+        count(&notes, "notifications/tools/list_changed"),
+        1,
+        "{notes:?}"
+    );
+    drop(s);
+    until("the members' streams to close", || async {
+        m.listen_streams() == 0 && l.get_streams() == 0
+    })
+    .await;
+    until("the gauge back to 0", || async {
+        open_listens(&gw, "/mcp").await == 0
+    })
+    .await;
+    gw.stop().await;
+}
