@@ -248,23 +248,31 @@ pub(super) async fn subscribe(
             route.name()
         )));
     }
-    let tx = client.tx.clone();
     let open = core.metrics.listen_stream(&route.name());
+    let (held, key) = (client.clone(), uri.to_string());
+    // Inserted before the task can end, so an upstream that ends at once leaves no entry.
+    let mut subs = client
+        .subscriptions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     let task = tokio::spawn(async move {
         let _open = open;
         while let Some(Ok(m)) = feed.next().await {
             if let Some((method, v)) = plain(&m)
                 && method == "notifications/resources/updated"
             {
-                let _ = tx.send(Bytes::from(v.to_string()));
+                let _ = held.tx.send(Bytes::from(v.to_string()));
             }
         }
+        // The upstream ended the stream: the subscription is gone, so a new
+        // `resources/subscribe` opens a new one.
+        held.subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
     });
-    client
-        .subscriptions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(uri.to_string(), Feed(task.abort_handle()));
+    subs.insert(uri.to_string(), Feed(task.abort_handle()));
+    drop(subs);
     Ok(result(id, json!({})))
 }
 

@@ -65,7 +65,17 @@ impl Clients {
         }
         if map.len() >= MAX_CLIENTS {
             let now = unix_ms();
-            map.retain(|_, c| c.expires_ms > now);
+            map.retain(|_, c| {
+                let live = c.expires_ms > now;
+                if !live {
+                    // Its relaying tasks hold the entry: stopping them ends both.
+                    c.subscriptions
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clear();
+                }
+                live
+            });
             if map.len() >= MAX_CLIENTS {
                 return None;
             }

@@ -560,6 +560,10 @@ async fn every_advertised_capability_is_delivered() {
         .json()["result"]
         .clone();
     let caps = d["capabilities"].as_object().unwrap().clone();
+    assert!(
+        caps.get("tasks").is_none(),
+        "not bridged, so not advertised: {d}"
+    );
     let (_, init) = OldClient::connect(&url, "2025-11-25").await;
     assert_eq!(
         init["capabilities"], d["capabilities"],

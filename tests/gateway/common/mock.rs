@@ -54,7 +54,8 @@ struct Opts {
     /// Tools per `tools/list` page (`None` = all on one page).
     page_size: Option<usize>,
     /// Advertise `resources.subscribe` (legacy: `resources/subscribe` works) and `logging`
-    /// (legacy: `logging/setLevel` works, the `log` tool logs).
+    /// (legacy: `logging/setLevel` works, the `log` tool logs); legacy also advertises the
+    /// in-core `tasks` of 2025-11-25 (not served).
     subscribe_and_log: bool,
 }
 
@@ -1039,8 +1040,13 @@ async fn legacy(
         } else {
             "2025-11-25"
         };
+        let mut capabilities = caps(&opts);
+        if opts.subscribe_and_log {
+            // 2025-11-25's in-core experimental tasks, which portico does not bridge.
+            capabilities["tasks"] = json!({"list": {}, "cancel": {}});
+        }
         let result = json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":version,
-            "capabilities":caps(&opts),
+            "capabilities":capabilities,
             "serverInfo":{"name":"legacy-mock","version":"1"},"instructions":"legacy instructions"}});
         let mut resp = if opts.sse {
             sse_resp(vec![result])
