@@ -18,7 +18,7 @@ use crate::pool::{OwnerKey, unix_ms};
 /// Notifications buffered for a client's GET stream.
 const QUEUE: usize = 64;
 /// Clients remembered at once; past it, new ones are refused a subscription (expired ones are
-/// pruned first).
+/// pruned whenever a client is added).
 pub const MAX_CLIENTS: usize = 10_000;
 /// Resource subscriptions one client may hold.
 pub const MAX_SUBSCRIPTIONS: usize = 256;
@@ -63,7 +63,9 @@ impl Clients {
         if let Some(c) = map.get(key) {
             return Some(c.clone());
         }
-        if map.len() >= MAX_CLIENTS {
+        // Pruned as clients arrive (rare: a GET stream, a subscription, a level), so expired
+        // sessions do not keep their upstream subscriptions open.
+        {
             let now = unix_ms();
             map.retain(|_, c| {
                 let live = c.expires_ms > now;
@@ -76,9 +78,9 @@ impl Clients {
                 }
                 live
             });
-            if map.len() >= MAX_CLIENTS {
-                return None;
-            }
+        }
+        if map.len() >= MAX_CLIENTS {
+            return None;
         }
         let c = Arc::new(Client {
             tx: broadcast::channel(QUEUE).0,
@@ -112,5 +114,27 @@ impl Clients {
             .values()
             .map(|c| c.subscriptions.lock().map(|s| s.len()).unwrap_or(0))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn expired_clients_are_pruned_with_their_subscriptions() {
+        let clients = Clients::default();
+        let old = clients.get(&[1; 32], 1).expect("room");
+        let task = tokio::spawn(std::future::pending::<()>());
+        old.subscriptions
+            .lock()
+            .unwrap()
+            .insert("x://y".into(), Feed(task.abort_handle()));
+        assert_eq!(clients.subscriptions(), 1);
+        // A new client arrives: the expired one goes, and its relay is stopped.
+        clients.get(&[2; 32], u64::MAX).expect("room");
+        assert!(clients.peek(&[1; 32]).is_none());
+        assert_eq!(clients.subscriptions(), 0);
+        assert!(task.await.unwrap_err().is_cancelled());
     }
 }
