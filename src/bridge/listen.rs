@@ -75,7 +75,9 @@ pub(super) async fn listen(
     body: &[u8],
     deadline: Instant,
 ) -> Result<Bridged, GatewayError> {
-    let (slot, s) = match session_or_modern(b, owner, deadline).await {
+    // `deadline` bounds the stream (long-lived); opening the session is a request like any.
+    let open_by = deadline.min(Instant::now() + b.timeout);
+    let (slot, s) = match session_or_modern(b, owner, open_by).await {
         Ok(held) => held,
         Err(e) => return on_session_error(b, e).await,
     };
