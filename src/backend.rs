@@ -23,7 +23,7 @@ use crate::upstream::demo::Demo;
 use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
 
 /// Session-wide notifications buffered per subscriber of [`BridgeState::subscribe`].
-const NOTES_QUEUE: usize = 64;
+pub const NOTES_QUEUE: usize = 64;
 
 /// What a backend has been found to speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,6 +241,33 @@ impl BridgeState {
     }
 }
 
+/// The standalone GET stream of one upstream HTTP session while someone listens in it (the
+/// owner's `subscriptions/listen` streams, an initialize-era client's own GET stream): one per
+/// session, since servers may allow only one. The reading task holds the only sender, so its
+/// end (the server closed the stream) ends every subscriber; dropping the last holder of this
+/// stops the task, which closes the upstream stream.
+pub struct SessionStream {
+    /// A receiver kept to make more from (`resubscribe`); never read.
+    pub rx: Mutex<tokio::sync::broadcast::Receiver<Bytes>>,
+    pub task: tokio::task::AbortHandle,
+}
+
+impl SessionStream {
+    /// The session's messages from now on.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Bytes> {
+        self.rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .resubscribe()
+    }
+}
+
+impl Drop for SessionStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// One owner's upstream session: initialized on first use, re-made when lost.
 pub struct SessionSlot {
     /// The session, once initialized.
@@ -253,6 +280,11 @@ pub struct SessionSlot {
     /// An upstream session another replica opened for this owner (sealed in a legacy
     /// client's session id): adopted instead of a fresh `initialize`, once.
     pub adopt: Mutex<Option<(HeaderValue, HeaderValue)>>,
+    /// The session's GET stream while someone listens (HTTP); see [`SessionStream`].
+    pub stream: tokio::sync::Mutex<std::sync::Weak<SessionStream>>,
+    /// Resource URIs subscribed upstream (`resources/subscribe`) in this session, with how many
+    /// listeners want each: unsubscribed when the last one leaves.
+    pub subscribed: Mutex<HashMap<String, usize>>,
 }
 
 /// An initialized upstream session.
@@ -267,4 +299,7 @@ pub struct LegacySession {
     pub generation: u64,
     /// The owner's own stdio child the session lives in; `None`: the backend's transport.
     pub child: Option<Arc<StdioUpstream>>,
+    /// The level last set upstream with `logging/setLevel`, as 1 + its rank in
+    /// `protocol::LOG_LEVELS`; 0 = never set (the server's default).
+    pub log_level: AtomicU8,
 }

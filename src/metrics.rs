@@ -159,6 +159,17 @@ pub struct Metrics {
     reloads: IntCounterVec,
     tool_calls: IntCounterVec,
     tool_duration: HistogramVec,
+    listen_streams: IntGaugeVec,
+}
+
+/// Counts one open notification stream (a `subscriptions/listen` answer, or an initialize-era
+/// client's GET stream) until it drops: when the client leaves, with its upstream streams.
+pub struct ListenStream(IntGauge);
+
+impl Drop for ListenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// One tool's series of the per-tool metrics, made on first use and kept by whoever bounds
@@ -330,6 +341,12 @@ impl Metrics {
              and tool (a listed name, else \"other\").",
             &["backend", "tool"],
         );
+        let listen_streams = gauge_vec(
+            "portico_listen_streams",
+            "Notification streams open for clients (subscriptions/listen, initialize-era GET \
+             streams and resource subscriptions), by endpoint.",
+            &["endpoint"],
+        );
         // Both series exist from the start, so dashboards and alerts see 0, not "no data".
         for result in ["ok", "invalid"] {
             reloads.with_label_values(&[result]);
@@ -348,6 +365,7 @@ impl Metrics {
             Box::new(reloads.clone()),
             Box::new(tool_calls.clone()),
             Box::new(tool_duration.clone()),
+            Box::new(listen_streams.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -366,7 +384,15 @@ impl Metrics {
             reloads,
             tool_calls,
             tool_duration,
+            listen_streams,
         }
+    }
+
+    /// Counts a notification stream of `endpoint` (a config name) as open until the guard drops.
+    pub fn listen_stream(&self, endpoint: &str) -> ListenStream {
+        let g = self.listen_streams.with_label_values(&[endpoint]);
+        g.inc();
+        ListenStream(g)
     }
 
     /// One `tools/call` through the per-backend step. `tool` must come from a bounded set (a

@@ -139,6 +139,24 @@ pub fn is_removed_in_modern(method: &str) -> bool {
     method_info(method).is_some_and(|m| m.eras == Eras::Legacy)
 }
 
+/// `LoggingLevel`s from least to most severe (RFC 5424 order): a client asking for one gets it
+/// and everything after it.
+pub const LOG_LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// A `LoggingLevel`'s rank in [`LOG_LEVELS`] (`None`: not a level).
+pub fn log_rank(level: &str) -> Option<u8> {
+    LOG_LEVELS.iter().position(|l| *l == level).map(|i| i as u8)
+}
+
 /// Whether `v` is an initialize-era revision portico can speak.
 pub fn is_legacy_version(v: &str) -> bool {
     LEGACY_VERSIONS.contains(&v) || v == "2024-11-05"

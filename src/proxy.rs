@@ -116,6 +116,12 @@ where
         Method::DELETE => {
             return Box::pin(legacy::delete(state, ctx, path, route, &parts.headers)).await;
         }
+        // An initialize-era client's notification stream (405 without a session id).
+        Method::GET => {
+            frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
+            ctx.era = Some(frontend::Era::Legacy);
+            return Box::pin(legacy::get(state, ctx, path, route, &parts.headers)).await;
+        }
         _ => return Err(GatewayError::MethodNotAllowed),
     }
     frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
@@ -175,7 +181,14 @@ async fn modern(
     let mh = frontend::check_modern_head(&head)?;
     ctx.method = mh.method.map(str::to_owned);
     // From the request's start: one clock read fewer, and the timeout counts portico's own time.
-    let deadline = Instant::from_std(ctx.start) + backend.timeout;
+    // A listen stream is long-lived by design: held open past `timeout_ms` (keep-alive
+    // comments meanwhile, `[server] sse_keepalive_ms`), bounded by `LISTEN_LIFETIME`.
+    let listen = mh.method == Some("subscriptions/listen");
+    let deadline = if listen {
+        Instant::now() + bridge::LISTEN_LIFETIME
+    } else {
+        Instant::from_std(ctx.start) + backend.timeout
+    };
     bridge::ensure_verdict(backend).await?;
     // A `tools/call` portico wrote itself needs its `Mcp-Param-*` headers built (message path).
     if let Some(method) = mh.method
@@ -225,6 +238,12 @@ async fn modern(
         deadline,
     ))
     .await?;
+    let reply = match (&env.id, listen) {
+        (Some(id), true) => {
+            bridge::to_client(reply, id, state.metrics.listen_stream(&backend.name))
+        }
+        _ => reply,
+    };
     Ok(render(
         reply,
         env.id.as_ref(),

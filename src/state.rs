@@ -83,6 +83,7 @@ impl State {
                 watchers: invalidation::Watchers::default(),
                 auth,
                 calls: Default::default(),
+                clients: Default::default(),
             },
             routes,
             generation,

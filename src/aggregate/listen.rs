@@ -1,45 +1,39 @@
 //! `subscriptions/listen` on an aggregated endpoint (docs/protocol.md §8 item 13: unspecified, so this is
 //! portico's reading).
 //!
-//! portico opens one upstream stream per member that can deliver change notifications, merges
+//! portico opens one upstream listen per member the caller may use — a `subscriptions/listen`
+//! request through the per-backend step, made as the client, so each backend kind serves it
+//! the way a single-backend URL does (forwarded to 2026-07-28 backends over HTTP or stdio;
+//! bridged from the client's own session on initialize-era ones, `bridge::listen`) — merges
 //! them, and gives the client one stream:
-//! 1. `notifications/subscriptions/acknowledged` first, acknowledging the list-changed flags the
-//!    client asked for. `resourceSubscriptions` is not acknowledged (URIs would have to be split
-//!    between members; the discover answer does not advertise `resources.subscribe` either).
+//! 1. `notifications/subscriptions/acknowledged` first, once every member acknowledged (or
+//!    failed, and was left out): the list-changed flags the client asked for, and the
+//!    `resourceSubscriptions` URIs a member accepted. Each URI goes only to the member that
+//!    serves it (the endpoint's URI index, filled from the members' resource lists).
 //! 2. `notifications/{tools,prompts,resources}/list_changed`, only the kinds the client opted
 //!    in to, with `subscriptionId` rewritten to the client's listen id. Repeats of one kind
 //!    within `debounce_ms` of the first (from one member or several) are folded into one.
+//!    `notifications/resources/updated` of an accepted URI is relayed at once.
 //! 3. When every upstream stream has ended, a `SubscriptionsListenResult` and the end. When
-//!    the client goes away the response body is dropped, and with it every upstream stream.
-//!
-//! Where the notifications come from, by member kind:
-//! - modern HTTP (and the built-in): a `subscriptions/listen` request through the per-backend step,
-//!   whose answer stream carries them;
-//! - stdio (either era): the child's notification broadcast (`StdioUpstream::subscribe`); a
-//!   modern child also gets the listen request, so it knows to send them;
-//! - legacy HTTP: the standalone GET stream of portico's upstream session. The cache watcher
-//!   (`invalidation`) owns that stream — servers may allow only one per session — and
-//!   publishes its messages (`BridgeState::subscribe`); only `list_changed` is relayed, which
-//!   says nothing about other clients' activity (log lines and the rest are not).
+//!    the client goes away the response body is dropped, and with it every upstream stream
+//!    (`portico_listen_streams` counts the stream meanwhile).
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value, json};
-use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 
-use super::{Req, part_headers};
-use crate::backend::Verdict;
+use super::{Req, part_headers, resource_owner};
 use crate::bridge;
 use crate::error::GatewayError;
 use crate::protocol::{self, meta};
 use crate::step;
-use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError, http::async_stream};
+use crate::upstream::{MessageStream, Reply, UpstreamError, http::async_stream};
 
-/// How long an upstream listen stream may stay open: long-lived by design, but not unbounded.
-const LISTEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+/// Resource URIs one listen request may subscribe to.
+const MAX_URIS: usize = 256;
 
 /// The filter flags portico relays, and the notification each one opts in to.
 const KINDS: [(&str, &str); 3] = [
@@ -50,6 +44,13 @@ const KINDS: [(&str, &str); 3] = [
         "notifications/resources/list_changed",
     ),
 ];
+
+/// What a member's stream says that the client may hear.
+enum Item {
+    ListChanged(&'static str),
+    /// A resource update, by URI.
+    Updated(String),
+}
 
 pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
     let ep = req.ep.clone();
@@ -63,18 +64,29 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
             wanted.push(method);
         }
     }
-    let agreed = Value::Object(agreed);
+    let kinds = Value::Object(agreed.clone());
+    // Each URI to the member that serves it.
+    let mut uris: Vec<Vec<String>> = vec![Vec::new(); ep.members.len()];
+    if let Some(asked) = filter["resourceSubscriptions"].as_array() {
+        for uri in asked.iter().filter_map(Value::as_str).take(MAX_URIS) {
+            if let Ok(Some(i)) = resource_owner(req, uri).await
+                && !uris[i].iter().any(|u| u == uri)
+            {
+                uris[i].push(uri.to_string());
+            }
+        }
+    }
     let mut sources = Vec::new();
-    for i in 0..ep.members.len() {
+    let mut accepted: Vec<String> = Vec::new();
+    for (i, member_uris) in uris.iter().enumerate() {
         // A member the caller's team may not use is not listened to for it.
         if step::may_use(&req.ctx, &ep.members[i].backend).is_err() {
             continue;
         }
-        match open(req, i, &agreed).await {
-            Ok(Some(s)) => sources.push(s),
-            Ok(None) => {
-                tracing::debug!(endpoint = %ep.path, backend = %ep.namings[i].backend,
-                    "member cannot deliver change notifications; not listened to")
+        match open(req, i, &kinds, member_uris).await {
+            Ok((acked, s)) => {
+                accepted.extend(acked);
+                sources.push(s);
             }
             Err(error) => {
                 tracing::warn!(endpoint = %ep.path, backend = %ep.namings[i].backend, %error,
@@ -85,14 +97,25 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
             }
         }
     }
+    if !accepted.is_empty() {
+        agreed.insert("resourceSubscriptions".into(), json!(accepted));
+    }
     let sub = id.clone();
-    let note = move |method: &str| json!({"jsonrpc":"2.0","method":method,"params":{"_meta":{meta::SUBSCRIPTION_ID: sub}}});
+    let note = move |method: &str, uri: Option<&str>| {
+        let mut params = json!({"_meta":{meta::SUBSCRIPTION_ID: sub}});
+        if let Some(u) = uri {
+            params["uri"] = json!(u);
+        }
+        json!({"jsonrpc":"2.0","method":method,"params":params})
+    };
     let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",
         "params":{"notifications":agreed,"_meta":{meta::SUBSCRIPTION_ID: id}}});
     let done = json!({"jsonrpc":"2.0","id":id,"result":{"resultType":"complete",
         "_meta":{meta::SUBSCRIPTION_ID: id}}});
     let debounce = ep.debounce;
+    let open_stream = req.core.metrics.listen_stream(&ep.path);
     let stream = async_stream(move |tx| async move {
+        let _open = open_stream;
         let send = |v: Value| {
             let tx = tx.clone();
             async move {
@@ -111,14 +134,19 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
             let due = pending.iter().map(|p| p.1).min();
             tokio::select! {
                 item = merged.next() => match item {
-                    Some(method) => {
+                    Some(Item::ListChanged(method)) => {
                         if wanted.contains(&method) && !pending.iter().any(|p| p.0 == method) {
                             pending.push((method, Instant::now() + debounce));
                         }
                     }
+                    Some(Item::Updated(uri)) => {
+                        if !send(note("notifications/resources/updated", Some(&uri))).await {
+                            return;
+                        }
+                    }
                     None => {
                         for (method, _) in pending.drain(..) {
-                            if !send(note(method)).await {
+                            if !send(note(method, None)).await {
                                 return;
                             }
                         }
@@ -131,7 +159,7 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
                     let (ready, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.1 <= now);
                     pending = later;
                     for (method, _) in ready {
-                        if !send(note(method)).await {
+                        if !send(note(method, None)).await {
                             return;
                         }
                     }
@@ -146,111 +174,105 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
     })
 }
 
-/// Opens one member's notification source: a stream of list-changed method names, ending when
-/// the member ends its stream. `None` when the member has no way to deliver them.
+/// Opens one member's listen (`kinds` plus the member's `uris`) through the per-backend step
+/// and waits for its acknowledgement (within the member's `timeout_ms`): the URIs it accepted,
+/// and the stream of what follows, ending when the member ends its stream.
 async fn open(
     req: &Req<'_>,
     member: usize,
-    agreed: &Value,
-) -> Result<Option<BoxStream<'static, &'static str>>, GatewayError> {
+    kinds: &Value,
+    uris: &[String],
+) -> Result<(Vec<String>, BoxStream<'static, Item>), GatewayError> {
     let b = &req.ep.members[member].backend;
-    let verdict = bridge::ensure_verdict(b).await?;
-    let broadcast = match &b.upstream {
-        Upstream::Stdio(s) => Some(s.subscribe()),
-        Upstream::Http(_) if verdict == Verdict::Legacy => {
-            // Subscribe first, then make sure the GET stream is (being) opened.
-            let rx = b.bridge.subscribe();
-            req.core.watchers.ensure(b, &req.core.cache);
-            Some(rx)
-        }
-        _ => None,
+    let mut filter = kinds.clone();
+    if !uris.is_empty() {
+        filter["resourceSubscriptions"] = json!(uris);
+    }
+    let mut params = Map::new();
+    params.insert("notifications".into(), filter);
+    let body = req.part_body("subscriptions/listen", params);
+    let env = protocol::parse_envelope(&body).map_err(crate::frontend::envelope_error)?;
+    let headers = part_headers(req.headers);
+    let mut ctx = req.ctx.clone();
+    let exposure = req.ep.exposure(member);
+    let deadline = Instant::now() + bridge::LISTEN_LIFETIME;
+    let reply = step::call(
+        req.core, &mut ctx, b, exposure, &headers, &env, body, deadline,
+    )
+    .await?;
+    let failed = |detail: String| GatewayError::BackendFailed {
+        backend: b.name.to_string(),
+        detail,
     };
-    let mut listened: Option<BoxStream<'static, &'static str>> = None;
-    if verdict == Verdict::Modern {
-        let mut params = Map::new();
-        params.insert("notifications".into(), agreed.clone());
-        let body = req.part_body("subscriptions/listen", params);
-        let deadline = Instant::now() + LISTEN_LIFETIME;
-        if let Upstream::Stdio(s) = &b.upstream {
-            // On stdio the acknowledgement and the notifications are not tied to the request
-            // (they arrive through the broadcast), so the call would not return before the
-            // stream ends: it is driven inside the stream instead, and only keeps the child's
-            // subscription open. Not cacheable; admission was checked when the stream opened.
-            let s = s.clone();
-            let hold = futures_util::stream::once(async move {
-                if let Ok(Reply {
-                    messages: MessageStream::Many(mut m),
-                    ..
-                }) = s.call(body, deadline).await
-                {
-                    while m.next().await.is_some() {}
-                }
-            })
-            .filter_map(|()| std::future::ready(None::<&'static str>));
-            listened = Some(hold.boxed());
-        } else {
-            let env = protocol::parse_envelope(&body).map_err(crate::frontend::envelope_error)?;
-            let headers = part_headers(req.headers);
-            let mut ctx = req.ctx.clone();
-            let exposure = req.ep.exposure(member);
-            let reply = step::call(
-                req.core, &mut ctx, b, exposure, &headers, &env, body, deadline,
-            )
-            .await?;
-            if reply.status.is_client_error() || reply.status.is_server_error() {
-                return Err(GatewayError::BackendFailed {
-                    backend: b.name.to_string(),
-                    detail: format!("subscriptions/listen answered HTTP {}", reply.status),
-                });
-            }
-            let messages = match reply.messages {
-                MessageStream::Many(s) => s,
-                MessageStream::One(m) => futures_util::stream::iter(vec![Ok(m)]).boxed(),
-                MessageStream::Empty => futures_util::stream::empty().boxed(),
-            };
-            // The stream ends with the member's result (or an error, or its end).
-            let s = messages
-                .take_while(|m| {
-                    let end = match m {
-                        Ok(m) => protocol::sniff_id(m).is_some(),
-                        Err(_) => true,
-                    };
-                    std::future::ready(!end)
-                })
-                .filter_map(|m| std::future::ready(m.ok().and_then(|m| list_changed(&m))));
-            listened = Some(s.boxed());
-        }
+    if reply.status.is_client_error() || reply.status.is_server_error() {
+        return Err(failed(format!(
+            "subscriptions/listen answered HTTP {}",
+            reply.status
+        )));
     }
-    match (broadcast, listened) {
-        (Some(rx), listened) => {
-            let notes = futures_util::stream::unfold(rx, |mut rx| async move {
-                loop {
-                    match rx.recv().await {
-                        Ok(m) => return Some((m, rx)),
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                    }
-                }
-            })
-            .filter_map(|m| std::future::ready(list_changed(&m)));
-            // Keep the modern child's listen request open alongside; its answer stream carries
-            // nothing on stdio (notifications come through the broadcast).
-            let s = match listened {
-                Some(l) => futures_util::stream::select(notes.boxed(), l).boxed(),
-                None => notes.boxed(),
-            };
-            Ok(Some(s))
+    let mut messages = match reply.messages {
+        MessageStream::Many(s) => s,
+        MessageStream::One(m) => {
+            return Err(failed(format!(
+                "subscriptions/listen answered without a stream: {}",
+                String::from_utf8_lossy(&m)
+            )));
         }
-        (None, Some(l)) => Ok(Some(l)),
-        (None, None) => Ok(None),
+        MessageStream::Empty => return Err(failed("subscriptions/listen: no answer".into())),
+    };
+    let first = tokio::time::timeout(b.timeout, messages.next())
+        .await
+        .map_err(|_| GatewayError::BackendTimeout {
+            backend: b.name.to_string(),
+            timeout_ms: b.cfg.timeout_ms,
+        })?;
+    let ack: Value = match first {
+        Some(Ok(m)) => serde_json::from_slice(&m).unwrap_or_default(),
+        Some(Err(e)) => return Err(GatewayError::from_upstream(&b.name, b.cfg.timeout_ms, &e)),
+        None => Value::Null,
+    };
+    if ack["method"] != "notifications/subscriptions/acknowledged" {
+        return Err(failed(format!(
+            "subscriptions/listen was not acknowledged: {ack}"
+        )));
     }
+    let accepted: Vec<String> = ack["params"]["notifications"]["resourceSubscriptions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .filter(|u| uris.iter().any(|w| w == u))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mine = accepted.clone();
+    // The stream ends with the member's result (or an error, or its end).
+    let s = messages
+        .take_while(|m| {
+            let end = match m {
+                Ok(m) => protocol::sniff_id(m).is_some(),
+                Err(_) => true,
+            };
+            std::future::ready(!end)
+        })
+        .filter_map(move |m| std::future::ready(m.ok().and_then(|m| item(&m, &mine))));
+    Ok((accepted, s.boxed()))
 }
 
-/// The list-changed method a message is, if it is one.
-fn list_changed(msg: &[u8]) -> Option<&'static str> {
+/// What a member's message is to the client, if anything.
+fn item(msg: &[u8], uris: &[String]) -> Option<Item> {
     let env = protocol::parse_envelope(msg).ok()?;
+    if env.method == "notifications/resources/updated" {
+        let v: Value = serde_json::from_slice(msg).ok()?;
+        let uri = v["params"]["uri"].as_str()?;
+        return uris
+            .iter()
+            .any(|u| u == uri)
+            .then(|| Item::Updated(uri.to_string()));
+    }
     KINDS
         .iter()
         .find(|(_, m)| *m == env.method)
-        .map(|(_, m)| *m)
+        .map(|(_, m)| Item::ListChanged(m))
 }

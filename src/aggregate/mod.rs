@@ -462,13 +462,13 @@ async fn discover(req: &Req<'_>) -> Result<Reply, GatewayError> {
     let targets = (0..req.ep.members.len()).map(|i| (i, Map::new())).collect();
     let (parts, degraded) = fan_out(req, "server/discover", targets).await?;
     let mut r = merge::merge_discover(&req.ep.namings, &parts);
-    // Resource subscriptions are not routed through an endpoint's listen stream.
-    if let Some(res) = r
-        .get_mut("capabilities")
-        .and_then(|c| c.get_mut("resources"))
-        .and_then(Value::as_object_mut)
-    {
-        res.remove("subscribe");
+    // Advertised = delivered (issue #20 item 4): tasks (`tasks/*`) are not routed to members.
+    // (`resources.subscribe` is: the listen routes each URI to its member, `listen`.)
+    if let Some(caps) = r.get_mut("capabilities").and_then(Value::as_object_mut) {
+        caps.remove("tasks");
+        if let Some(ext) = caps.get_mut("extensions").and_then(Value::as_object_mut) {
+            ext.remove("io.modelcontextprotocol/tasks");
+        }
     }
     if degraded {
         r.insert("ttlMs".into(), json!(0));

@@ -46,6 +46,7 @@
 //! entry points ([`call`], `discover`, `send_raw`).
 
 mod input;
+mod listen;
 mod owner;
 mod probe;
 mod session;
@@ -53,6 +54,7 @@ mod translate;
 
 pub use input::forget as forget_input;
 pub use input::{InputSide, answer as answer_input, capability_for, expect as expect_input};
+pub use listen::{LISTEN_LIFETIME, set_client_level, to_client};
 pub use owner::{Owner, digest};
 
 pub use probe::{
@@ -142,7 +144,7 @@ async fn discover(
     let mut result = json!({
         "resultType": "complete",
         "supportedVersions": SUPPORTED_VERSIONS,
-        "capabilities": s.init.get("capabilities").cloned().unwrap_or(json!({})),
+        "capabilities": delivered(b, &s),
         "ttlMs": b.cfg.default_ttl_ms,
         "cacheScope": scope_str(b.cfg.default_cache_scope),
     });
@@ -154,6 +156,23 @@ async fn discover(
     }
     let msg = json!({"jsonrpc":"2.0","id":id.to_value(),"result":result});
     Ok(Bridged::Answer(Reply::one(StatusCode::OK, msg.to_string())))
+}
+
+/// The legacy server's capabilities as far as portico delivers them to a 2026-07-28 client
+/// (issue #20 item 4): list changes, resource subscriptions and completions are bridged
+/// (`listen`); `logging` only where log lines can be told apart per client — not on a stdio
+/// child shared by every client, whose unasked lines are everybody's (docs/protocol.md §8 item
+/// 17); the in-core experimental `tasks` of 2025-11-25 is not the 2026 tasks extension and is
+/// not bridged.
+fn delivered(b: &Backend, s: &LegacySession) -> serde_json::Value {
+    let mut caps = s.init.get("capabilities").cloned().unwrap_or(json!({}));
+    if let Some(c) = caps.as_object_mut() {
+        c.remove("tasks");
+        if matches!(b.upstream, Upstream::Stdio(_)) && s.child.is_none() {
+            c.remove("logging");
+        }
+    }
+    caps
 }
 
 /// Whether the backend said that the upstream session `s` has ended, so the request was not
@@ -210,10 +229,10 @@ pub async fn call(
         // by dropping it, which sends the upstream id (`CancelGuard`).
         return Ok(Bridged::Answer(Reply::accepted()));
     }
-    if method == "subscriptions/listen" {
-        return Err(GatewayError::MethodNotFound(
-            "subscriptions/listen is not bridged to initialize-era backends".into(),
-        ));
+    if method == "subscriptions/listen"
+        && let Some(id) = client_id
+    {
+        return listen::listen(b, owner, id, body, deadline).await;
     }
     if let Some(id) = client_id
         && input::is_retry(method, body)
@@ -228,11 +247,17 @@ pub async fn call(
             }
         };
     }
+    // The request's own `logLevel` (docs/protocol.md §1): the session is set to log at least
+    // that much, and the call's stream carries its lines at or above it.
+    let log_level = translate::log_level(body);
     for attempt in 0..2 {
         let (slot, s) = match session_or_modern(b, owner, deadline).await {
             Ok(held) => held,
             Err(e) => return on_session_error(b, e).await,
         };
+        if let Some(level) = log_level {
+            listen::set_level(b, &s, level, false).await;
+        }
         let upstream_id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (up_body, token) = to_legacy(body, upstream_id)?;
         let Some(client_id) = client_id else {
@@ -250,6 +275,7 @@ pub async fn call(
             ttl_ms: b.cfg.default_ttl_ms,
             scope: scope_str(b.cfg.default_cache_scope),
             server_info: s.init.get("serverInfo").cloned(),
+            log_level,
         };
         // Armed from here: if this future or the answer stream is dropped before the answer,
         // the server hears `notifications/cancelled`. Over stdio the transport does that itself

@@ -110,6 +110,8 @@ fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
         init_lock: Default::default(),
         child,
         adopt: std::sync::Mutex::new(adopt),
+        stream: Default::default(),
+        subscribed: Default::default(),
     }
 }
 
@@ -198,6 +200,7 @@ pub(super) async fn session_or_modern(
             init: serde_json::json!({}),
             generation: 0,
             child: None,
+            log_level: Default::default(),
         },
         None => {
             let own = if key == OWN {
@@ -476,6 +479,7 @@ pub(super) async fn initialize(
         init,
         generation,
         child: child.cloned(),
+        log_level: Default::default(),
     })
 }
 

@@ -38,6 +38,18 @@ pub(super) struct Mapping {
     pub(super) ttl_ms: u64,
     pub(super) scope: &'static str,
     pub(super) server_info: Option<Value>,
+    /// The request's `logLevel` rank: its `notifications/message` at or above it are relayed.
+    pub(super) log_level: Option<u8>,
+}
+
+/// The rank of a 2026 request's `_meta` `logLevel`, if it set a valid one.
+pub(super) fn log_level(body: &[u8]) -> Option<u8> {
+    let needle = b"logLevel";
+    if !body.windows(needle.len()).any(|w| w == needle) {
+        return None; // cheap skip: most requests carry none
+    }
+    let v: Value = serde_json::from_slice(body).ok()?;
+    crate::protocol::log_rank(v["params"]["_meta"][meta::LOG_LEVEL].as_str()?)
 }
 
 /// 2026 request → legacy request: new id, new progress token, reserved `_meta` keys removed.
@@ -124,8 +136,18 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
                 }
                 return Translated::Drop;
             }
-            // Log lines and list-changed notifications are session-wide in legacy; relaying them
-            // to one client would leak other clients' activity (docs/protocol.md §8 item 17).
+            // A log line on this call's own stream is this call's: relayed when the request
+            // asked for that level. Session-wide notifications (list changes, resource updates)
+            // come on the session's own channel and reach listeners, never a call's stream.
+            if method == "notifications/message"
+                && let Some(min) = m.log_level
+                && v["params"]["level"]
+                    .as_str()
+                    .and_then(crate::protocol::log_rank)
+                    .is_some_and(|l| l >= min)
+            {
+                return Translated::Forward(Bytes::copy_from_slice(msg));
+            }
             Translated::Drop
         }
         (None, true) => {
@@ -285,6 +307,7 @@ mod tests {
             ttl_ms: 5000,
             scope: "private",
             server_info: Some(json!({"name":"legacy"})),
+            log_level: crate::protocol::log_rank("info"),
         };
         let Translated::Forward(out) =
             from_legacy(br#"{"jsonrpc":"2.0","id":42,"result":{"tools":[]}}"#, &m)
@@ -334,6 +357,20 @@ mod tests {
                 &m
             ),
             Translated::Drop
+        ));
+        assert!(matches!(
+            from_legacy(
+                br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"debug","data":"x"}}"#,
+                &m
+            ),
+            Translated::Drop
+        ));
+        assert!(matches!(
+            from_legacy(
+                br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"error","data":"x"}}"#,
+                &m
+            ),
+            Translated::Forward(_)
         ));
     }
 }

@@ -61,6 +61,8 @@ pub struct Core {
     pub auth: Auth,
     /// Calls in flight on shared upstreams, so a client's cancel finds its own (`calls`).
     pub calls: Arc<calls::Calls>,
+    /// What initialize-era clients asked to hear (`clients`).
+    pub clients: Arc<clients::Clients>,
 }
 
 /// Everything known about one request, filled in as it moves through the phases and read once
@@ -424,7 +426,9 @@ pub fn charge(core: &Core, ctx: &mut RequestCtx) -> Result<(), GatewayError> {
 ///   agree with the headers before an entry is served or stored);
 /// - a caller under a tool policy (checked against the parsed body, never the headers alone);
 /// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era;
-/// - `server/discover`, whose `supportedVersions` portico rewrites to its own.
+/// - `server/discover`, whose `supportedVersions` portico rewrites to its own;
+/// - `subscriptions/listen`, whose notifications get the client's `subscriptionId` and whose
+///   stream is counted while open.
 pub fn can_pass_through(
     core: &Core,
     ctx: &RequestCtx,
@@ -436,7 +440,9 @@ pub fn can_pass_through(
         && matches!(backend.upstream, Upstream::Http(_))
         && backend.cfg.verify_body == VerifyBody::Auto
         && mh.method.is_some_and(|m| {
-            !(core.cache.enabled() && protocol::is_cacheable_method(m)) && m != "server/discover"
+            !(core.cache.enabled() && protocol::is_cacheable_method(m))
+                && m != "server/discover"
+                && m != "subscriptions/listen"
         })
         && core.auth.policy(ctx.principal.as_deref()).is_none()
 }
@@ -1081,6 +1087,7 @@ fn portico_versions(reply: Reply) -> Reply {
 }
 
 pub mod calls;
+pub mod clients;
 mod params;
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ fn core(extra: &str) -> Core {
         cache: Arc::new(Cache::new(&cfg.cache)),
         watchers: Watchers::default(),
         calls: Default::default(),
+        clients: Default::default(),
         auth: Auth::build(&cfg.auth, "http://127.0.0.1:8787".into()).expect("auth"),
         config: cfg,
     }

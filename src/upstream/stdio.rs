@@ -208,10 +208,21 @@ impl StdioUpstream {
         };
         let line = request_line(gid, &msg.method, params.as_deref());
         let cancellable = opts.cancel_on_drop && msg.method != "initialize";
+        // A listen stream's acknowledgement and notifications are no replies to the request:
+        // the child writes them as unsolicited messages tagged with the id it saw (the gateway
+        // id, docs/protocol.md §8 item 14). Subscribed before the request is written, so none
+        // is missed.
+        let listening = (msg.method == "subscriptions/listen")
+            .then(|| (self.notes.subscribe(), orig_id.to_owned()));
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let pending = Pending {
             orig_id: orig_id.to_owned(),
             orig_token,
+            // A listen stream carries no log lines (docs/protocol.md §2), whatever it asked.
+            logs: msg.method != "subscriptions/listen"
+                && msg
+                    .params
+                    .is_some_and(|p| p.get().contains("io.modelcontextprotocol/logLevel")),
             cancellable,
             generation: opts.generation,
             tx,
@@ -227,6 +238,9 @@ impl StdioUpstream {
                 reason: "the client went away",
             },
         };
+        if let Some((notes, orig)) = listening {
+            return Ok(listen_reply(gid, &orig, notes, answer));
+        }
         // Wait for the first message so the status is known before the caller renders: a lone
         // response becomes `One` with its mirrored status; anything else starts a stream.
         match answer.next().await? {
@@ -342,6 +356,60 @@ impl Drop for StdioUpstream {
     }
 }
 
+/// A `subscriptions/listen` answer: the child's messages tagged with this request's gateway id
+/// (the acknowledgement, then notifications), their `subscriptionId` given back as the caller's
+/// id, until the response ends the stream. Dropping it cancels the request, which ends the
+/// child's stream too.
+fn listen_reply(
+    gid: u64,
+    orig: &RawValue,
+    notes: broadcast::Receiver<Bytes>,
+    answer: Answer,
+) -> Reply {
+    let orig: serde_json::Value = serde_json::from_str(orig.get()).unwrap_or_default();
+    let stream = futures_util::stream::unfold(Some((notes, answer)), move |st| {
+        let orig = orig.clone();
+        async move {
+            let (mut notes, mut answer) = st?;
+            loop {
+                tokio::select! {
+                    n = notes.recv() => match n {
+                        Ok(m) => {
+                            if let Some(m) = tagged(&m, gid, &orig) {
+                                return Some((Ok(m), Some((notes, answer))));
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return Some((Err(stopped()), None)),
+                    },
+                    a = answer.next() => return match a {
+                        Ok(Event::Note(b)) => Some((Ok(b), Some((notes, answer)))),
+                        Ok(Event::Response(_, b)) => Some((Ok(b), None)),
+                        Err(e) => Some((Err(e), None)),
+                    },
+                }
+            }
+        }
+    });
+    Reply {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        messages: MessageStream::Many(stream.boxed()),
+    }
+}
+
+/// One unsolicited message of the child, if it belongs to the listen request `gid`: with the
+/// caller's id as its `subscriptionId`.
+fn tagged(msg: &[u8], gid: u64, orig: &serde_json::Value) -> Option<Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(msg).ok()?;
+    let sid = v.pointer_mut("/params/_meta/io.modelcontextprotocol~1subscriptionId")?;
+    if sid.as_u64() != Some(gid) && sid.as_str() != Some(gid.to_string().as_str()) {
+        return None;
+    }
+    *sid = orig.clone();
+    Some(Bytes::from(v.to_string()))
+}
+
 fn stopped() -> UpstreamError {
     UpstreamError::Closed("stdio backend is shut down".into())
 }
@@ -430,6 +498,8 @@ enum Cmd {
 struct Pending {
     orig_id: Box<RawValue>,
     orig_token: Option<Box<RawValue>>,
+    /// The request asked for log lines (`_meta` `logLevel`, 2026-07-28).
+    logs: bool,
     cancellable: bool,
     generation: Option<u64>,
     tx: mpsc::Sender<Outcome>,
@@ -793,6 +863,21 @@ impl Actor {
     /// Progress goes to the request whose gateway token it carries, with the caller's token
     /// restored; every other notification is broadcast to subscribers as the child sent it.
     fn notification(&mut self, method: &str, params: Option<&RawValue>, line: &[u8]) {
+        // A log line on stdio names no request. A 2026-07-28 server emits one only for a
+        // request that set `logLevel` (docs/protocol.md §1), so when exactly one such request
+        // is in flight the line is its own; with several it cannot be told whose, and is
+        // nobody's (never another client's).
+        if method == "notifications/message" {
+            let mut asking = self.pending.values().filter(|p| p.logs);
+            if let Some(p) = asking.next() {
+                if asking.next().is_none() {
+                    p.note(Bytes::copy_from_slice(line));
+                } else {
+                    debug!(backend = %self.name, "a log line with several requests asking: dropped");
+                }
+                return;
+            }
+        }
         if method != "notifications/progress" {
             let _ = self.notes.send(Bytes::copy_from_slice(line));
             return;

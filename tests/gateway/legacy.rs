@@ -365,10 +365,10 @@ async fn the_upstream_session_is_deleted_on_shutdown() {
 // === Legacy clients ===
 
 /// An initialize-era client, by hand.
-pub struct OldClient {
-    url: String,
-    sid: String,
-    version: String,
+pub(crate) struct OldClient {
+    pub(crate) url: String,
+    pub(crate) sid: String,
+    pub(crate) version: String,
 }
 
 fn legacy_headers<'a>(sid: Option<&'a str>, version: Option<&'a str>) -> Vec<(&'a str, &'a str)> {
@@ -386,7 +386,7 @@ fn legacy_headers<'a>(sid: Option<&'a str>, version: Option<&'a str>) -> Vec<(&'
 }
 
 impl OldClient {
-    pub async fn connect(url: &str, version: &str) -> (OldClient, Value) {
+    pub(crate) async fn connect(url: &str, version: &str) -> (OldClient, Value) {
         let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
             "protocolVersion":version,"capabilities":{"roots":{}},"clientInfo":{"name":"old","version":"1"}}});
         let r = send("POST", url, &legacy_headers(None, None), body.to_string()).await;
@@ -411,7 +411,7 @@ impl OldClient {
         (c, init)
     }
 
-    pub async fn call(&self, id: Value, method: &str, params: Value) -> Resp {
+    pub(crate) async fn call(&self, id: Value, method: &str, params: Value) -> Resp {
         let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
         send(
             "POST",
@@ -638,7 +638,10 @@ async fn delete_and_get_on_legacy_sessions() {
     let gw = Gateway::start("[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n").await;
     let url = gw.url("/mcp/demo");
     let (c, _) = OldClient::connect(&url, "2025-11-25").await;
-    let r = send(
+    let r = send("GET", &url, &[("accept", "text/event-stream")], "").await;
+    assert_eq!(r.status, 405, "no GET stream without a session");
+    // With one: the session's notification stream (tests/gateway/listen.rs).
+    let r = send_stream(
         "GET",
         &url,
         &[
@@ -648,7 +651,9 @@ async fn delete_and_get_on_legacy_sessions() {
         "",
     )
     .await;
-    assert_eq!(r.status, 405, "no GET stream");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    drop(r);
     let r = send("DELETE", &url, &[("mcp-session-id", c.sid.as_str())], "").await;
     assert_eq!(r.status, 200);
     let r = send("DELETE", &url, &[("mcp-session-id", "bogus")], "").await;

@@ -15,6 +15,7 @@ mod input;
 mod interop;
 mod layers;
 pub mod legacy;
+mod listen;
 mod observe;
 mod redis;
 mod reliability;

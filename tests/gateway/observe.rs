@@ -1104,6 +1104,7 @@ fn every_exported_metric_is_documented() {
     let handles = m.backend("b");
     handles.retries.inc();
     m.reload(true);
+    let _listen = m.listen_stream("b");
     let _guard = m.in_flight();
     let text = String::from_utf8(m.render(&Mirrors {
         backends: vec![BackendMirror {

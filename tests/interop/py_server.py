@@ -191,6 +191,17 @@ def build_server(ttl_ms: int, cache_scope: str, page_size: int = 0) -> MCPServer
                 _LEGACY_SESSIONS.pop(key, None)
         return f"added {name}"
 
+    @mcp.tool(description="Announce notifications/resources/updated for `uri` to subscriptions/listen streams", structured_output=False)
+    async def touch(uri: str, ctx: Context) -> str:
+        await ctx.notify_resource_updated(uri)
+        return f"touched {uri}"
+
+    @mcp.tool(description="Log `<tag>:<level>` at debug, info, warning and error on this request", structured_output=False)
+    async def log(tag: str, ctx: Context) -> str:
+        for level in ("debug", "info", "warning", "error"):
+            await ctx.log(level, f"{tag}:{level}")  # type: ignore[arg-type]
+        return "logged"
+
     @mcp.tool(description="Return the Authorization header this server saw, or 'none'", structured_output=False)
     def whoami(ctx: Context) -> str:
         headers = ctx.headers

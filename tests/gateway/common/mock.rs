@@ -56,6 +56,10 @@ struct Opts {
     /// Lists `regional`, whose arguments carry `x-mcp-header`, and (modern) refuses a call
     /// whose `Mcp-Param-*` headers do not mirror them with `-32020`, as a strict server must.
     header_tools: bool,
+    /// Advertise `resources.subscribe` (legacy: `resources/subscribe` works) and `logging`
+    /// (legacy: `logging/setLevel` works, the `log` tool logs); legacy also advertises the
+    /// in-core `tasks` of 2025-11-25 (not served).
+    subscribe_and_log: bool,
 }
 
 /// Builder for a mock backend.
@@ -89,10 +93,14 @@ pub struct MockState {
     pub down: AtomicBool,
     /// Extra tools added at runtime (by `add_tool`).
     extra_tools: Mutex<Vec<String>>,
-    /// Open `subscriptions/listen` streams.
-    listeners: Mutex<Vec<mpsc::Sender<Bytes>>>,
-    /// Legacy: open standalone GET SSE streams (where session-wide notifications go).
-    get_streams: Mutex<Vec<mpsc::Sender<Bytes>>>,
+    /// Open `subscriptions/listen` streams, with the resource URIs each subscribed to.
+    listeners: Mutex<Vec<(Vec<String>, mpsc::Sender<Bytes>)>>,
+    /// Legacy: open standalone GET SSE streams (where session-wide notifications go), by session.
+    get_streams: Mutex<Vec<(String, mpsc::Sender<Bytes>)>>,
+    /// Legacy: resource URIs subscribed (`resources/subscribe`), by session.
+    pub subscribed: Mutex<HashMap<String, HashSet<String>>>,
+    /// Legacy: the level `logging/setLevel` set, by session.
+    pub levels: Mutex<HashMap<String, String>>,
     pub deletes: AtomicU64,
     /// Legacy: the session ids DELETE ended, in order.
     pub deleted: Mutex<Vec<String>>,
@@ -141,6 +149,7 @@ impl MockMcp {
                 list_changed: false,
                 page_size: None,
                 header_tools: false,
+                subscribe_and_log: false,
             },
         }
     }
@@ -204,6 +213,12 @@ impl MockMcp {
         self
     }
 
+    /// Advertise `resources.subscribe` and `logging`, and serve them (see `Opts`).
+    pub fn subscribe_and_log(mut self) -> Self {
+        self.opts.subscribe_and_log = true;
+        self
+    }
+
     pub async fn start(self) -> MockHandle {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         Self::start_on(self, listener).await
@@ -225,6 +240,8 @@ impl MockMcp {
             down: AtomicBool::new(false),
             extra_tools: Mutex::new(Vec::new()),
             listeners: Mutex::new(Vec::new()),
+            subscribed: Mutex::new(HashMap::new()),
+            levels: Mutex::new(HashMap::new()),
             get_streams: Mutex::new(Vec::new()),
             deletes: AtomicU64::new(0),
             deleted: Mutex::new(Vec::new()),
@@ -302,8 +319,52 @@ impl MockHandle {
     /// Legacy: how many standalone GET streams are open.
     pub fn get_streams(&self) -> usize {
         let mut gs = self.state.get_streams.lock().unwrap();
-        gs.retain(|tx| !tx.is_closed());
+        gs.retain(|(_, tx)| !tx.is_closed());
         gs.len()
+    }
+
+    /// How many `subscriptions/listen` streams are open.
+    pub fn listen_streams(&self) -> usize {
+        let mut ls = self.state.listeners.lock().unwrap();
+        ls.retain(|(_, tx)| !tx.is_closed());
+        ls.len()
+    }
+
+    /// Announces `notifications/resources/updated` for `uri` to whoever subscribed to it: listen
+    /// streams that named it, legacy sessions' GET streams after `resources/subscribe`.
+    pub fn update_resource(&self, uri: &str) {
+        let note = json!({"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":uri}});
+        let mut ls = self.state.listeners.lock().unwrap();
+        ls.retain(|(uris, tx)| {
+            if !uris.iter().any(|u| u == uri) {
+                return !tx.is_closed();
+            }
+            let mut n = note.clone();
+            n["params"]["_meta"] = json!({"io.modelcontextprotocol/subscriptionId": "?"});
+            tx.try_send(sse_event(n.to_string().as_bytes())).is_ok()
+        });
+        let subscribed = self.state.subscribed.lock().unwrap().clone();
+        let mut gs = self.state.get_streams.lock().unwrap();
+        gs.retain(|(session, tx)| {
+            if !subscribed.get(session).is_some_and(|s| s.contains(uri)) {
+                return !tx.is_closed();
+            }
+            tx.try_send(sse_event(note.to_string().as_bytes())).is_ok()
+        });
+    }
+
+    /// Legacy: sends a log line at `level` on every session's GET stream (unasked, session-wide),
+    /// honouring each session's `logging/setLevel`.
+    pub fn log_to_sessions(&self, level: &str, data: &str) {
+        let levels = self.state.levels.lock().unwrap().clone();
+        let note = json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":level,"data":data}});
+        let mut gs = self.state.get_streams.lock().unwrap();
+        gs.retain(|(session, tx)| {
+            if !at_least(level, levels.get(session).map(String::as_str)) {
+                return !tx.is_closed();
+            }
+            tx.try_send(sse_event(note.to_string().as_bytes())).is_ok()
+        });
     }
 
     pub fn session_count(&self) -> usize {
@@ -355,14 +416,42 @@ fn add_tool(state: &MockState, name: &str) {
     state.extra_tools.lock().unwrap().push(name.to_string());
     let note = json!({"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{}});
     let mut ls = state.listeners.lock().unwrap();
-    ls.retain(|tx| {
+    ls.retain(|(_, tx)| {
         let mut n = note.clone();
         n["params"]["_meta"] = json!({"io.modelcontextprotocol/subscriptionId": "?"});
         tx.try_send(sse_event(n.to_string().as_bytes())).is_ok()
     });
     // Legacy: session-wide notifications go to the session's GET stream, without `_meta`.
     let mut gs = state.get_streams.lock().unwrap();
-    gs.retain(|tx| tx.try_send(sse_event(note.to_string().as_bytes())).is_ok());
+    gs.retain(|(_, tx)| tx.try_send(sse_event(note.to_string().as_bytes())).is_ok());
+}
+
+/// Log levels, least severe first.
+const LEVELS: [&str; 8] = [
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+/// Whether a line at `level` passes a session level `min` (none set: everything passes).
+fn at_least(level: &str, min: Option<&str>) -> bool {
+    let rank = |l: &str| LEVELS.iter().position(|x| *x == l).unwrap_or(0);
+    min.is_none_or(|m| rank(level) >= rank(m))
+}
+
+/// The server capabilities a mock advertises (both eras).
+fn caps(opts: &Opts) -> Value {
+    let mut c = json!({"tools":{"listChanged":opts.list_changed},"resources":{},"prompts":{}});
+    if opts.subscribe_and_log {
+        c["resources"]["subscribe"] = json!(true);
+        c["logging"] = json!({});
+    }
+    c
 }
 
 fn json_resp(status: StatusCode, v: &Value) -> Response<Body> {
@@ -642,7 +731,7 @@ async fn answer(
     let list_delay = opts.list_delay;
     let result = match method {
         "server/discover" if modern => wrap(
-            json!({"supportedVersions":[LATEST],"capabilities":{"tools":{"listChanged":opts.list_changed},"resources":{},"prompts":{}},"instructions":"mock instructions"}),
+            json!({"supportedVersions":[LATEST],"capabilities":caps(opts),"instructions":"mock instructions"}),
             true,
         ),
         "tools/list" => {
@@ -1002,7 +1091,15 @@ fn listen(state: Arc<MockState>, body: Value) -> Response<Body> {
     let id = body["id"].clone();
     let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{"notifications":body["params"]["notifications"],"_meta":{"io.modelcontextprotocol/subscriptionId":id}}});
     let _ = tx.try_send(sse_event(ack.to_string().as_bytes()));
-    state.listeners.lock().unwrap().push(tx);
+    let uris = body["params"]["notifications"]["resourceSubscriptions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|u| u.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    state.listeners.lock().unwrap().push((uris, tx));
     let stream =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
     let mut r = Response::new(Body::Stream(Box::pin(stream)));
@@ -1042,7 +1139,11 @@ async fn legacy(
             return empty(StatusCode::NOT_FOUND);
         }
         let (tx, rx) = mpsc::channel::<Bytes>(16);
-        state.get_streams.lock().unwrap().push(tx);
+        state
+            .get_streams
+            .lock()
+            .unwrap()
+            .push((session.clone().unwrap_or_default(), tx));
         let stream =
             futures_util::stream::unfold(
                 rx,
@@ -1110,8 +1211,13 @@ async fn legacy(
         } else {
             "2025-11-25"
         };
+        let mut capabilities = caps(&opts);
+        if opts.subscribe_and_log {
+            // 2025-11-25's in-core experimental tasks, which portico does not bridge.
+            capabilities["tasks"] = json!({"list": {}, "cancel": {}});
+        }
         let result = json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":version,
-            "capabilities":{"tools":{"listChanged":opts.list_changed},"resources":{},"prompts":{}},
+            "capabilities":capabilities,
             "serverInfo":{"name":"legacy-mock","version":"1"},"instructions":"legacy instructions"}});
         let mut resp = if opts.sse {
             sse_resp(vec![result])
@@ -1190,6 +1296,42 @@ async fn legacy(
                 &format!("Bad Request: Unsupported protocol version: {v}"),
             ),
         );
+    }
+    if opts.subscribe_and_log {
+        let session = session.unwrap_or_default();
+        let ok = json!({"jsonrpc":"2.0","id":id,"result":{}});
+        match method.as_str() {
+            "resources/subscribe" | "resources/unsubscribe" => {
+                let uri = body["params"]["uri"].as_str().unwrap_or("").to_string();
+                let mut subs = state.subscribed.lock().unwrap();
+                let set = subs.entry(session).or_default();
+                if method == "resources/subscribe" {
+                    set.insert(uri);
+                } else {
+                    set.remove(&uri);
+                }
+                return json_resp(StatusCode::OK, &ok);
+            }
+            "logging/setLevel" => {
+                let level = body["params"]["level"].as_str().unwrap_or("").to_string();
+                state.levels.lock().unwrap().insert(session, level);
+                return json_resp(StatusCode::OK, &ok);
+            }
+            "tools/call" if body["params"]["name"] == "log" => {
+                // One line per level on this request's stream, as far as the session's level
+                // lets through; `data` names the caller's tag and the level.
+                let tag = body["params"]["arguments"]["tag"].as_str().unwrap_or("");
+                let min = state.levels.lock().unwrap().get(&session).cloned();
+                let mut msgs: Vec<Value> = ["debug", "info", "warning", "error"]
+                    .iter()
+                    .filter(|l| at_least(l, min.as_deref()))
+                    .map(|l| json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":l,"data":format!("{tag}:{l}")}}))
+                    .collect();
+                msgs.push(json!({"jsonrpc":"2.0","id":id,"result":{"content":[{"type":"text","text":"logged"}],"isError":false}}));
+                return sse_resp(msgs);
+            }
+            _ => {}
+        }
     }
     answer(state, &opts, &method, &body, &parts.headers, false).await
 }

@@ -48,7 +48,9 @@ async fn one_endpoint_over_python_typescript_and_stdio_servers() {
     assert_eq!(r.status, 200, "{:?}", r.body);
     let names = tool_names(&r);
     for prefix in ["py", "ts", "st"] {
-        for tool in ["echo", "add", "progress", "slow", "add_tool", "whoami"] {
+        for tool in [
+            "echo", "add", "progress", "slow", "add_tool", "touch", "log", "whoami",
+        ] {
             let want = format!("{prefix}__{tool}");
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
@@ -268,9 +270,9 @@ async fn small_pages_walk_every_member_exactly_once() {
             None => break,
         }
     }
-    // py: 3 pages of 2; st: 2 pages of 4 (6 tools); ts: one page. Portico's pages follow the
-    // longest member: 3 pages.
-    assert_eq!(pages, 3, "{names:?}");
+    // py: 4 pages of 2; st: 2 pages of 4 (8 tools); ts: one page. Portico's pages follow the
+    // longest member: 4 pages.
+    assert_eq!(pages, 4, "{names:?}");
     let mut sorted = names.clone();
     sorted.sort();
     sorted.dedup();
@@ -281,8 +283,8 @@ async fn small_pages_walk_every_member_exactly_once() {
             assert!(names.contains(&want), "{want} missing from {names:?}");
         }
     }
-    assert_eq!(names.len(), 18);
+    assert_eq!(names.len(), 24);
     // Each upstream page was fetched exactly once.
-    assert_eq!(py.count("tools/list").await, 3);
+    assert_eq!(py.count("tools/list").await, 4);
     assert_eq!(ts.count("tools/list").await, 1);
 }

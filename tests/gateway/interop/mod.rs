@@ -9,6 +9,8 @@ mod cache;
 mod core;
 mod input;
 mod legacy;
+mod listen;
+mod notes;
 mod stdio;
 
 use serde_json::Value;

@@ -4,6 +4,10 @@
 //   ts_client.mjs --url http://127.0.0.1:PORT/mcp [--header 'K: V']... [--tool-prefix P] [--timeout S]
 //   ts_client.mjs [--tool-prefix P] --stdio -- CMD ARGS...
 //   (--legacy is accepted and ignored.)
+//   ts_client.mjs --url URL --scenario notes --uri U --level L --tag T
+//     resources/subscribe U, logging/setLevel L, then tools `touch {uri: U}` and `log {tag: T}`;
+//     reports the notifications/resources/updated URIs and the log lines (`data`) it received,
+//     on any stream, and the server's advertised capabilities.
 //
 //   --scenario input         declare elicitation, sampling and roots (handlers answer {name: "octocat"},
 //                            "Paris" and the root file:///work), call `ask` and `roots`; prints
@@ -13,6 +17,7 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { LoggingMessageNotificationSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 import { parseArgs } from 'node:util';
 import { ElicitRequestSchema, CreateMessageRequestSchema, ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 
@@ -37,6 +42,9 @@ try {
       'tool-prefix': { type: 'string', default: '' },
       timeout: { type: 'string', default: '20' },
       scenario: { type: 'string', default: 'basic' },
+      uri: { type: 'string', default: 'demo://greeting' },
+      level: { type: 'string', default: 'info' },
+      tag: { type: 'string', default: 'T' },
     },
     strict: true,
   }));
@@ -82,6 +90,10 @@ async function scenario() {
     });
   }
   const ro = { timeout: timeoutMs };
+  const updated = [];
+  const logs = [];
+  client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => { updated.push(n.params.uri); });
+  client.setNotificationHandler(LoggingMessageNotificationSchema, (n) => { logs.push(String(n.params.data)); });
   await client.connect(transport, ro);
   try {
     if (input) {
@@ -92,6 +104,7 @@ async function scenario() {
       }
       return { ok: true, era: 'legacy', ask: textOf(ask.content), roots: textOf(roots.content), asked };
     }
+    if (opts.scenario === 'notes') return await notes(client, transport, ro, updated, logs);
     const info = client.getServerVersion();
     const tools = await client.listTools({}, ro);
     const echo = await client.callTool({ name: pre + 'echo', arguments: { text: 'hi' } }, undefined, ro);
@@ -123,6 +136,27 @@ async function scenario() {
     }
     await client.close().catch(() => {});
   }
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// The notifications scenario (see the header). The GET stream opens in the background after
+// `initialized`: the update is retried until it arrives on it (bounded by --timeout).
+async function notes(client, transport, ro, updated, logs) {
+  const caps = client.getServerCapabilities() ?? {};
+  await client.subscribeResource({ uri: opts.uri }, ro);
+  await client.setLoggingLevel(opts.level, ro);
+  let touches = 0;
+  while (updated.length === 0) {
+    await client.callTool({ name: 'touch', arguments: { uri: opts.uri } }, undefined, ro);
+    touches += 1;
+    for (let i = 0; i < 20 && updated.length === 0; i++) await sleep(50);
+  }
+  const logged = await client.callTool({ name: 'log', arguments: { tag: opts.tag } }, undefined, ro);
+  if (logged.isError) throw new Error(`log returned isError: ${textOf(logged.content)}`);
+  await sleep(300); // anything late (a line meant for someone else would show up here)
+  await client.unsubscribeResource({ uri: opts.uri }, ro);
+  return { ok: true, capabilities: caps, updated: [...new Set(updated)], touches, logs, session: transport.sessionId ?? null };
 }
 
 const deadline = new Promise((_, reject) => setTimeout(() => reject(new Error(`timed out after ${opts.timeout}s`)), timeoutMs).unref());

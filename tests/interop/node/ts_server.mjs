@@ -18,6 +18,7 @@ import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
 import {
   isInitializeRequest, ElicitResultSchema, CreateMessageResultSchema, ListRootsResultSchema,
+  SubscribeRequestSchema, UnsubscribeRequestSchema,
 } from '@modelcontextprotocol/sdk/types.js';
 import { z } from 'zod';
 
@@ -91,8 +92,12 @@ function registerInputTools(server) {
 function buildServer() {
   const server = new McpServer(
     { name: 'portico-interop-typescript', version: '1.0.0' },
-    { instructions: 'portico interop fixture (typescript)' },
+    { instructions: 'portico interop fixture (typescript)', capabilities: { resources: { subscribe: true }, logging: {} } },
   );
+  // resources/subscribe: the URIs this server's (= this session's) client subscribed to.
+  server.subscribed = new Set();
+  server.server.setRequestHandler(SubscribeRequestSchema, async (req) => { server.subscribed.add(req.params.uri); return {}; });
+  server.server.setRequestHandler(UnsubscribeRequestSchema, async (req) => { server.subscribed.delete(req.params.uri); return {}; });
 
   server.registerTool('echo', { description: 'Echo the text back', inputSchema: { text: z.string() } },
     async ({ text: t }) => text(t));
@@ -141,6 +146,31 @@ function buildServer() {
       }
     }
     return text(`added ${name}`);
+  });
+
+  server.registerTool('touch', {
+    description: 'Announce notifications/resources/updated for `uri` to every session subscribed to it',
+    inputSchema: { uri: z.string() },
+  }, async ({ uri }) => {
+    let n = 0;
+    for (const s of liveServers) {
+      if (s.subscribed?.has(uri)) {
+        n += 1;
+        try { await s.server.sendResourceUpdated({ uri }); } catch (e) { log('sendResourceUpdated failed', e?.message); }
+      }
+    }
+    return text(`touched ${uri} for ${n}`);
+  });
+
+  server.registerTool('log', {
+    description: 'Log `<tag>:<level>` at debug, info, warning and error on this request, as far as the session level (logging/setLevel) lets through',
+    inputSchema: { tag: z.string() },
+  }, async ({ tag }, extra) => {
+    for (const level of ['debug', 'info', 'warning', 'error']) {
+      if (server.server.isMessageIgnored(level, extra.sessionId)) continue;
+      await extra.sendNotification({ method: 'notifications/message', params: { level, data: `${tag}:${level}` } });
+    }
+    return text('logged');
   });
 
   server.registerTool('whoami', { description: "Return the Authorization header this server saw, or 'none'", inputSchema: {} },

@@ -17,8 +17,10 @@
 //! Server requests reach a legacy client on its call's SSE stream: a legacy backend's
 //! (`bridge::input`, relayed with portico's ids) and a 2026-07-28 backend's `input_required`
 //! (`relay`, asked as real requests, the call retried with the answers); the client's answer
-//! POSTs are routed back by id. What legacy clients do not get: the GET stream (405, which the
-//! spec allows).
+//! POSTs are routed back by id. What they hear unasked — the GET stream, `resources/subscribe`,
+//! `logging/setLevel` — is [`notes`]; `ping` is answered here.
+
+mod notes;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -96,6 +98,30 @@ pub async fn serve(
         }
         Err(e) => Err(e),
     }
+}
+
+/// `GET` with a session id: the client's notification stream ([`notes`]); without one, 405
+/// (the spec allows a server to offer no stream).
+pub async fn get(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    path: &str,
+    route: &Route,
+    headers: &HeaderMap,
+) -> Result<Response<Body>, GatewayError> {
+    let head = Head::read(headers);
+    let Some(sid) = head.session else {
+        return Err(GatewayError::MethodNotAllowed);
+    };
+    let accept = headers.get(http::header::ACCEPT).map(|v| v.as_bytes());
+    if !accept.is_some_and(|a| a.windows(17).any(|w| w == b"text/event-stream")) {
+        return Err(GatewayError::NotAcceptable);
+    }
+    let session = live_session(core, ctx, sid, path).await?;
+    let owner = owner_of(sid, &session);
+    ctx.client = Some(owner.clone());
+    ctx.method = Some("GET stream".into());
+    notes::get_stream(core, ctx, route, headers, &owner, &session).await
 }
 
 /// The session `sid` names, when it opens for this caller on this endpoint and has not been
@@ -198,17 +224,35 @@ async fn in_session(
         // notifications/initialized, cancelled, roots/list_changed: accepted.
         return Ok(accepted());
     };
+    let owner = ctx.client.clone().unwrap_or_else(|| owner_of("", session));
     match env.method.as_str() {
         "ping" => return Ok(result(&id, json!({}))),
-        // Session-wide log levels have no 2026 equivalent shared across requests; accepted so
-        // clients that set one keep working.
-        "logging/setLevel" => return Ok(result(&id, json!({}))),
-        "resources/subscribe" | "resources/unsubscribe" | "subscriptions/listen" => {
+        "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => {
+            let v: Value =
+                serde_json::from_slice(&body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+            let params = &v["params"];
+            return match env.method.as_str() {
+                "logging/setLevel" => {
+                    notes::set_level(core, route, &owner, session, &id, params, deadline).await
+                }
+                m => {
+                    let on = m == "resources/subscribe";
+                    notes::subscribe(core, ctx, route, headers, &owner, session, &id, params, on)
+                        .await
+                }
+            };
+        }
+        "subscriptions/listen" => {
             return Err(GatewayError::MethodNotFound(env.method.clone()));
         }
         _ => {}
     }
-    let modern_body = modernize(&body, session)?;
+    let mut modern_body = modernize(&body, session)?;
+    // The client's `logging/setLevel`, as this request's own `logLevel`: the backend's log
+    // lines during it come back on its stream, to this client only.
+    if let Some(level) = notes::log_level(core, &owner) {
+        modern_body = with_log_level(&modern_body, level);
+    }
     let modern_env = protocol::parse_envelope(&modern_body).map_err(frontend::envelope_error)?;
     let reply = dispatch(
         core,
@@ -277,6 +321,8 @@ pub async fn delete(
         );
     }
     let owner = owner_of(sid, &session);
+    // Its subscriptions end with it (their upstream streams close).
+    core.clients.remove(&owner.key);
     futures_util::future::join_all(
         backends(route)
             .iter()
@@ -358,14 +404,9 @@ async fn initialize(
         });
     }
     let d = &found["result"];
-    let mut capabilities = d.get("capabilities").cloned().unwrap_or(json!({}));
-    // No GET stream here, so no resource subscriptions.
-    if let Some(r) = capabilities
-        .get_mut("resources")
-        .and_then(Value::as_object_mut)
-    {
-        r.remove("subscribe");
-    }
+    // What the discover advertises is what portico delivers on this URL (`notes` serves the
+    // GET stream, subscriptions and log levels).
+    let capabilities = d.get("capabilities").cloned().unwrap_or(json!({}));
     let server_info = d["_meta"][meta::SERVER_INFO].clone();
     let server_info = if server_info.is_object() {
         server_info
@@ -399,6 +440,22 @@ async fn initialize(
         resp.headers_mut().insert(h::names::SESSION_ID, v);
     }
     Ok(resp)
+}
+
+/// `body` (a modernized request) with `_meta` `logLevel` = `level`.
+fn with_log_level(body: &Bytes, level: &str) -> Bytes {
+    let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
+        return body.clone();
+    };
+    if let Some(m) = v
+        .get_mut("params")
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut)
+    {
+        m.insert(meta::LOG_LEVEL.into(), json!(level));
+        return Bytes::from(v.to_string());
+    }
+    body.clone()
 }
 
 /// Legacy request → 2026-07-28 request: the session supplies `_meta`'s required keys.

@@ -1,0 +1,499 @@
+//! `subscriptions/listen` against initialize-era backends, and the log levels of their
+//! sessions.
+//!
+//! An initialize-era server says what it says unasked on its session's own channel: the
+//! standalone GET stream over HTTP, the child's stdout over stdio. A listen request of an owner
+//! (`owner`) is answered from *that owner's* session, so nothing another client caused reaches
+//! it (docs/protocol.md §8 item 17):
+//! 1. the session is opened (or reused), then its channel: the GET stream is shared by every
+//!    listener of the session ([`SessionStream`]: servers may allow one) and closed when the
+//!    last one leaves; a stdio child's messages are subscribed to;
+//! 2. each `resourceSubscriptions` URI is subscribed upstream (`resources/subscribe`) when the
+//!    server advertises `resources.subscribe`, counted per session so two listeners of one URI
+//!    share it, and unsubscribed when the last one leaves;
+//! 3. only then is the acknowledgement built — with the list-changed kinds the server
+//!    advertises and the URIs it accepted — and sent first;
+//! 4. `notifications/*/list_changed` of acknowledged kinds and `notifications/resources/updated`
+//!    of accepted URIs follow, with `subscriptionId` = the listen request's id; with a
+//!    `logLevel` in the request (portico's own listen for an initialize-era client's GET
+//!    stream) the session's `notifications/message` at or above it too — never from a
+//!    `shared` stdio child, whose log lines are everybody's;
+//! 5. when the channel ends, a `SubscriptionsListenResult`. Dropping the stream drops the
+//!    subscriptions and the session stream with it.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use serde_json::{Map, Value, json};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::owner::Owner;
+use super::session::{Held, on_session_error, session_or_modern, stdio_of};
+use super::{Bridged, collect, send_raw, upstream_err};
+use crate::backend::{Backend, LegacySession, SessionStream};
+use crate::error::GatewayError;
+use crate::metrics::ListenStream;
+use crate::protocol::{LOG_LEVELS, RequestId, header as h, log_rank, meta};
+use crate::upstream::http::{HttpUpstream, async_stream};
+use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
+
+/// How long an upstream session stream may stay open: long-lived by design, not unbounded.
+pub const LISTEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+/// Resource URIs one listen request may subscribe to.
+const MAX_URIS: usize = 256;
+/// Bound of one `resources/subscribe`, `unsubscribe` or `logging/setLevel` exchange.
+const SMALL_EXCHANGE: Duration = Duration::from_secs(10);
+
+/// The filter flags, the capability that must advertise `listChanged`, and the notification.
+const KINDS: [(&str, &str, &str); 3] = [
+    (
+        "toolsListChanged",
+        "tools",
+        "notifications/tools/list_changed",
+    ),
+    (
+        "promptsListChanged",
+        "prompts",
+        "notifications/prompts/list_changed",
+    ),
+    (
+        "resourcesListChanged",
+        "resources",
+        "notifications/resources/list_changed",
+    ),
+];
+
+/// Serves one `subscriptions/listen` request (id `id`, 2026-07-28 body) in `owner`'s session.
+pub(super) async fn listen(
+    b: &Arc<Backend>,
+    owner: &Owner,
+    id: &RequestId,
+    body: &[u8],
+    deadline: Instant,
+) -> Result<Bridged, GatewayError> {
+    // `deadline` bounds the stream (long-lived); opening the session is a request like any.
+    let open_by = deadline.min(Instant::now() + b.timeout);
+    let (slot, s) = match session_or_modern(b, owner, open_by).await {
+        Ok(held) => held,
+        Err(e) => return on_session_error(b, e).await,
+    };
+    let req: Value =
+        serde_json::from_slice(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+    let filter = &req["params"]["notifications"];
+    let caps = &s.init["capabilities"];
+    let mut agreed = Map::new();
+    let mut kinds = Vec::new();
+    for (flag, cap, method) in KINDS {
+        if filter[flag] == json!(true) && caps[cap]["listChanged"] == json!(true) {
+            agreed.insert(flag.into(), json!(true));
+            kinds.push(method);
+        }
+    }
+    let shared_child = matches!(b.upstream, Upstream::Stdio(_)) && slot.value.child.is_none();
+    let logs = req["params"]["_meta"][meta::LOG_LEVEL]
+        .as_str()
+        .and_then(log_rank)
+        .filter(|_| !shared_child && caps.get("logging").is_some());
+    // 1. the session's own channel
+    let (rx, stream) = match &b.upstream {
+        Upstream::Http(up) => {
+            let st = session_stream(b, up, &slot, &s).await?;
+            (st.subscribe(), Some(st))
+        }
+        _ => match stdio_of(b, slot.value.child.as_ref()) {
+            Some(child) => (child.subscribe(), None),
+            None => {
+                return Err(GatewayError::BackendFailed {
+                    backend: b.name.to_string(),
+                    detail: "no channel for notifications".into(),
+                });
+            }
+        },
+    };
+    if let Some(level) = logs {
+        set_level(b, &s, level, false).await;
+    }
+    // 2. resource subscriptions
+    let mut subs = Subscribed {
+        backend: b.clone(),
+        slot: slot.clone(),
+        session: s.clone(),
+        uris: Vec::new(),
+    };
+    if caps["resources"]["subscribe"] == json!(true)
+        && let Some(uris) = filter["resourceSubscriptions"].as_array()
+    {
+        for uri in uris.iter().filter_map(Value::as_str).take(MAX_URIS) {
+            if !subs.uris.iter().any(|u| u == uri) && subscribe(b, &slot, &s, uri).await {
+                subs.uris.push(uri.to_string());
+            }
+        }
+    }
+    if !subs.uris.is_empty() {
+        agreed.insert("resourceSubscriptions".into(), json!(subs.uris));
+    }
+    // 3. the acknowledgement, now that portico has the stream
+    let sid = id.to_value();
+    let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",
+        "params":{"notifications":agreed,"_meta":{meta::SUBSCRIPTION_ID: sid}}});
+    let done = json!({"jsonrpc":"2.0","id":sid,"result":{"resultType":"complete",
+        "_meta":{meta::SUBSCRIPTION_ID: sid}}});
+    let messages = async_stream(move |tx| async move {
+        // Held for the stream's life: the session stream and the subscriptions.
+        let _held = (stream, subs);
+        let send = |m: Bytes| {
+            let tx = tx.clone();
+            async move { tx.send(Ok::<Bytes, UpstreamError>(m)).await.is_ok() }
+        };
+        if !send(Bytes::from(ack.to_string())).await {
+            return;
+        }
+        let mut rx = rx;
+        let uris = _held.1.uris.clone();
+        loop {
+            let msg = match rx.recv().await {
+                Ok(m) => m,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::debug!(missed = n, "a listen stream fell behind its session");
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            };
+            if let Some(note) = relayed(&msg, &kinds, &uris, logs, &sid)
+                && !send(note).await
+            {
+                return;
+            }
+        }
+        let _ = send(Bytes::from(done.to_string())).await;
+    });
+    Ok(Bridged::Answer(Reply {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        messages: MessageStream::Many(messages.boxed()),
+    }))
+}
+
+/// A listen answer (any backend kind) as the client gets it: every notification carries the
+/// client's listen id as its `subscriptionId` (docs/protocol.md §1: an upstream saw another id,
+/// or one of portico's), and `open` counts the stream until the client leaves — dropping the
+/// stream drops the upstream side with it.
+pub fn to_client(reply: Reply, id: &RequestId, open: ListenStream) -> Reply {
+    let messages = match reply.messages {
+        MessageStream::Many(m) => {
+            let sid = id.to_value();
+            m.map(move |item| {
+                let _open = &open;
+                item.map(|msg| with_subscription(msg, &sid))
+            })
+            .boxed()
+        }
+        other => {
+            return Reply {
+                messages: other,
+                ..reply
+            };
+        }
+    };
+    Reply {
+        status: reply.status,
+        headers: reply.headers,
+        messages: MessageStream::Many(messages),
+    }
+}
+
+/// A notification with `subscriptionId` = `sid`; anything else unchanged.
+fn with_subscription(msg: Bytes, sid: &Value) -> Bytes {
+    let Ok(mut v) = serde_json::from_slice::<Value>(&msg) else {
+        return msg;
+    };
+    if v.get("id").is_some() || v.get("method").is_none() {
+        return msg;
+    }
+    if v["params"]["_meta"][meta::SUBSCRIPTION_ID] == *sid {
+        return msg;
+    }
+    match set_subscription(&mut v, sid) {
+        Some(()) => Bytes::from(v.to_string()),
+        None => msg,
+    }
+}
+
+/// Sets `params._meta.subscriptionId`, making `params` and `_meta` objects where needed.
+fn set_subscription(v: &mut Value, sid: &Value) -> Option<()> {
+    let params = v
+        .as_object_mut()?
+        .entry("params")
+        .or_insert_with(|| json!({}));
+    if !params.is_object() {
+        *params = json!({});
+    }
+    let m = params
+        .as_object_mut()?
+        .entry("_meta")
+        .or_insert_with(|| json!({}));
+    if !m.is_object() {
+        *m = json!({});
+    }
+    m[meta::SUBSCRIPTION_ID] = sid.clone();
+    Some(())
+}
+
+/// A session message as the listener gets it (`subscriptionId` added), if it is one it asked
+/// for.
+fn relayed(
+    msg: &[u8],
+    kinds: &[&str],
+    uris: &[String],
+    logs: Option<u8>,
+    sid: &Value,
+) -> Option<Bytes> {
+    let mut v: Value = serde_json::from_slice(msg).ok()?;
+    if v.get("id").is_some() {
+        return None;
+    }
+    let method = v.get("method")?.as_str()?;
+    let wanted = match method {
+        "notifications/resources/updated" => v["params"]["uri"]
+            .as_str()
+            .is_some_and(|u| uris.iter().any(|w| w == u)),
+        "notifications/message" => logs.is_some_and(|min| {
+            v["params"]["level"]
+                .as_str()
+                .and_then(log_rank)
+                .is_some_and(|l| l >= min)
+        }),
+        m => kinds.contains(&m),
+    };
+    if !wanted {
+        return None;
+    }
+    set_subscription(&mut v, sid)?;
+    Some(Bytes::from(v.to_string()))
+}
+
+/// The session's GET stream, opened when nobody holds it.
+async fn session_stream(
+    b: &Arc<Backend>,
+    up: &Arc<HttpUpstream>,
+    slot: &Held,
+    s: &LegacySession,
+) -> Result<Arc<SessionStream>, GatewayError> {
+    let mut held = slot.value.stream.lock().await;
+    if let Some(st) = held.upgrade() {
+        return Ok(st);
+    }
+    let mut extra = vec![(h::names::PROTOCOL_VERSION, s.version.clone())];
+    if let Some(id) = &s.id {
+        extra.push((h::names::SESSION_ID, id.clone()));
+    }
+    let mut req = up.request(&HeaderMap::new(), &extra, Bytes::new());
+    *req.method_mut() = Method::GET;
+    req.headers_mut().insert(
+        http::header::ACCEPT,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    req.headers_mut().remove(http::header::CONTENT_TYPE);
+    let reply = up
+        .call(req, Instant::now() + LISTEN_LIFETIME)
+        .await
+        .map_err(|e| upstream_err(b, &e))?;
+    let mut messages = match reply.messages {
+        MessageStream::Many(m) if reply.status.is_success() => m,
+        _ => {
+            return Err(GatewayError::BackendFailed {
+                backend: b.name.to_string(),
+                detail: format!(
+                    "the session's GET stream (where the server sends notifications) answered HTTP {}",
+                    reply.status
+                ),
+            });
+        }
+    };
+    let (tx, rx) = broadcast::channel(crate::backend::NOTES_QUEUE);
+    let name = b.name.clone();
+    let task = tokio::spawn(async move {
+        while let Some(item) = messages.next().await {
+            match item {
+                Ok(m) => {
+                    let _ = tx.send(m);
+                }
+                Err(error) => {
+                    tracing::debug!(backend = %name, %error, "a session GET stream broke");
+                    return;
+                }
+            }
+        }
+    });
+    let st = Arc::new(SessionStream {
+        rx: std::sync::Mutex::new(rx),
+        task: task.abort_handle(),
+    });
+    *held = Arc::downgrade(&st);
+    Ok(st)
+}
+
+/// One request portico makes in the session for itself; whether it succeeded.
+async fn exchange(b: &Backend, s: &LegacySession, method: &str, params: Value) -> bool {
+    let id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+    let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params});
+    let deadline = Instant::now() + SMALL_EXCHANGE.min(b.timeout);
+    let sent = send_raw(
+        b,
+        s,
+        Bytes::from(body.to_string()),
+        &HeaderMap::new(),
+        &[],
+        deadline,
+    )
+    .await;
+    let answered = match sent {
+        Ok(reply) => collect(reply).await.unwrap_or_default(),
+        Err(e) => {
+            tracing::debug!(backend = %b.name, method, error = %upstream_err(b, &e), "session exchange failed");
+            return false;
+        }
+    };
+    answered.iter().any(|m| {
+        serde_json::from_slice::<Value>(m)
+            .ok()
+            .is_some_and(|v| v["id"] == json!(id) && v.get("result").is_some())
+    })
+}
+
+/// Subscribes `uri` in the session unless a listener there already did.
+async fn subscribe(b: &Backend, slot: &Held, s: &LegacySession, uri: &str) -> bool {
+    let first = {
+        let subs = slot
+            .value
+            .subscribed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        subs.get(uri).is_none_or(|n| *n == 0)
+    };
+    if first && !exchange(b, s, "resources/subscribe", json!({"uri": uri})).await {
+        return false;
+    }
+    let mut subs = slot
+        .value
+        .subscribed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    *subs.entry(uri.to_string()).or_default() += 1;
+    true
+}
+
+/// A listener's resource subscriptions: given back when it leaves.
+struct Subscribed {
+    backend: Arc<Backend>,
+    slot: Held,
+    session: Arc<LegacySession>,
+    uris: Vec<String>,
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        let mut last = Vec::new();
+        {
+            let mut subs = self
+                .slot
+                .value
+                .subscribed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for uri in self.uris.drain(..) {
+                if let Some(n) = subs.get_mut(&uri) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        subs.remove(&uri);
+                        last.push(uri);
+                    }
+                }
+            }
+        }
+        if last.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (b, s) = (self.backend.clone(), self.session.clone());
+        rt.spawn(async move {
+            for uri in last {
+                exchange(&b, &s, "resources/unsubscribe", json!({"uri": uri})).await;
+            }
+        });
+    }
+}
+
+/// Sets the session's log level to `level` (a rank in [`LOG_LEVELS`]) when the server
+/// advertises `logging`: `exact` for a client's own `logging/setLevel`; otherwise only lowered,
+/// since requests sharing the session may want more detail than this one (each gets only the
+/// lines at or above its own level: the caller filters).
+pub(super) async fn set_level(b: &Backend, s: &LegacySession, level: u8, exact: bool) {
+    if s.init["capabilities"].get("logging").is_none() {
+        return;
+    }
+    let now = s.log_level.load(Ordering::Relaxed);
+    let wanted = level + 1;
+    if now == wanted || (!exact && now != 0 && now < wanted) {
+        return;
+    }
+    let name = LOG_LEVELS[usize::from(level).min(LOG_LEVELS.len() - 1)];
+    if exchange(b, s, "logging/setLevel", json!({"level": name})).await {
+        s.log_level.store(wanted, Ordering::Relaxed);
+    }
+}
+
+/// An initialize-era client's `logging/setLevel`: set in its own upstream session on `b`.
+pub async fn set_client_level(
+    b: &Arc<Backend>,
+    owner: &Owner,
+    level: u8,
+    deadline: Instant,
+) -> Result<(), GatewayError> {
+    let (_, s) = match session_or_modern(b, owner, deadline).await {
+        Ok(held) => held,
+        Err(e) => {
+            return on_session_error(b, e).await.map(|_| ());
+        }
+    };
+    set_level(b, &s, level, true).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_was_asked_for_is_relayed() {
+        let sid = json!("L1");
+        let kinds = ["notifications/tools/list_changed"];
+        let uris = vec!["demo://a".to_string()];
+        let tools = br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#;
+        let v: Value =
+            serde_json::from_slice(&relayed(tools, &kinds, &uris, None, &sid).unwrap()).unwrap();
+        assert_eq!(v["params"]["_meta"][meta::SUBSCRIPTION_ID], "L1");
+        let prompts = br#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#;
+        assert!(relayed(prompts, &kinds, &uris, None, &sid).is_none());
+        let a = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"demo://a"}}"#;
+        let b = br#"{"jsonrpc":"2.0","method":"notifications/resources/updated","params":{"uri":"demo://b"}}"#;
+        assert!(relayed(a, &kinds, &uris, None, &sid).is_some());
+        assert!(relayed(b, &kinds, &uris, None, &sid).is_none());
+        let info =
+            br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}"#;
+        assert!(
+            relayed(info, &kinds, &uris, None, &sid).is_none(),
+            "no level: no logs"
+        );
+        assert!(relayed(info, &kinds, &uris, log_rank("info"), &sid).is_some());
+        assert!(relayed(info, &kinds, &uris, log_rank("warning"), &sid).is_none());
+        let request = br#"{"jsonrpc":"2.0","id":1,"method":"notifications/tools/list_changed"}"#;
+        assert!(relayed(request, &kinds, &uris, None, &sid).is_none());
+    }
+}

@@ -1,0 +1,317 @@
+//! What an initialize-era client hears unasked: its GET stream, its resource subscriptions and
+//! its log level (issue #20 item 2; docs/protocol.md §7 "Other legacy-only features", §8 item
+//! 17).
+//!
+//! Everything is made of 2026-07-28 `subscriptions/listen` requests portico sends *as the
+//! client* (its `bridge::Owner`, so in its own upstream sessions) through the same dispatch and
+//! per-backend step as any request — whatever era the backend speaks:
+//! - **GET** with the session id: one listen opted in to every list-changed kind, with
+//!   `logLevel` `debug` (the client's own `logging/setLevel` filters, read per line), merged with
+//!   the client's channel (`step::clients`). The stream carries the notifications without
+//!   `subscriptionId` (legacy clients know none); it ends when the client leaves, and the
+//!   upstream listen with it.
+//! - **`resources/subscribe`**: one listen with `resourceSubscriptions: [uri]`, answered once
+//!   the upstream acknowledged the URI (an initialize-era backend: after its own
+//!   `resources/subscribe` in the client's session). A task relays its
+//!   `notifications/resources/updated` to the client's channel; `resources/unsubscribe` (or the
+//!   session's end) drops it, which closes the upstream listen and unsubscribes upstream.
+//! - **`logging/setLevel`**: the level is kept for the client and set in its own upstream
+//!   sessions on initialize-era backends; its requests then carry it as `logLevel`, so the log
+//!   lines a backend emits during them reach this client alone, on the request's stream.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, Response, header};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use super::{SessionData, backends, modernize, result};
+use crate::backend::Verdict;
+use crate::body::{Body, sse_event};
+use crate::bridge::{self, Owner};
+use crate::error::GatewayError;
+use crate::protocol::{self, RequestId, log_rank, meta};
+use crate::router::{Route, dispatch};
+use crate::step::clients::{Feed, MAX_SUBSCRIPTIONS};
+use crate::step::{Core, RequestCtx};
+use crate::upstream::{MessageStream, UpstreamError};
+
+/// The listen request behind a GET stream or a subscription, in the client's terms.
+fn listen_body(
+    id: &str,
+    filter: Value,
+    log: bool,
+    session: &SessionData,
+) -> Result<Bytes, GatewayError> {
+    let mut params = json!({ "notifications": filter });
+    if log {
+        params["_meta"] = json!({ meta::LOG_LEVEL: "debug" });
+    }
+    let v = json!({"jsonrpc":"2.0","id":id,"method":"subscriptions/listen","params":params});
+    modernize(v.to_string().as_bytes(), session)
+}
+
+/// Sends a listen request for the client through the route; its message stream.
+async fn open_listen(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<futures_util::stream::BoxStream<'static, Result<Bytes, UpstreamError>>, GatewayError> {
+    let env = protocol::parse_envelope(&body).map_err(crate::frontend::envelope_error)?;
+    let deadline = Instant::now() + bridge::LISTEN_LIFETIME;
+    let reply = dispatch(core, ctx, route, headers, &env, body, deadline).await?;
+    Ok(match reply.messages {
+        MessageStream::Many(m) => m,
+        MessageStream::One(m) => futures_util::stream::iter([Ok(m)]).boxed(),
+        MessageStream::Empty => futures_util::stream::empty().boxed(),
+    })
+}
+
+/// A notification as a legacy client gets it: without `subscriptionId`.
+fn plain(msg: &[u8]) -> Option<(String, Value)> {
+    let mut v: Value = serde_json::from_slice(msg).ok()?;
+    if v.get("id").is_some() {
+        return None;
+    }
+    let method = v.get("method")?.as_str()?.to_string();
+    if let Some(m) = v
+        .get_mut("params")
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut)
+    {
+        m.remove(meta::SUBSCRIPTION_ID);
+        if m.is_empty()
+            && let Some(p) = v["params"].as_object_mut()
+        {
+            p.remove("_meta");
+        }
+    }
+    Some((method, v))
+}
+
+/// `GET` with a live session id: the client's notification stream.
+pub(super) async fn get_stream(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    headers: &HeaderMap,
+    owner: &Arc<Owner>,
+    session: &SessionData,
+) -> Result<Response<Body>, GatewayError> {
+    let client =
+        core.clients
+            .get(&owner.key, session.exp)
+            .ok_or_else(|| GatewayError::Overloaded {
+                backend: route.name().to_string(),
+            })?;
+    let mine = client.tx.subscribe();
+    let filter =
+        json!({"toolsListChanged":true,"promptsListChanged":true,"resourcesListChanged":true});
+    let body = listen_body("portico-get-stream", filter, true, session)?;
+    let feed = match open_listen(core, ctx, route, headers, body).await {
+        Ok(f) => f,
+        Err(error) => {
+            // The client's own subscriptions still reach it.
+            tracing::info!(route = %route.name(), %error, "no change notifications for a legacy client's GET stream");
+            futures_util::stream::pending().boxed()
+        }
+    };
+    let open = core.metrics.listen_stream(&route.name());
+    let feed = feed.filter_map(move |m| {
+        let out = match m {
+            Ok(m) => match plain(&m) {
+                Some((method, v)) => match method.as_str() {
+                    "notifications/subscriptions/acknowledged" => None,
+                    "notifications/message" => {
+                        let min = client.level.load(Ordering::Relaxed);
+                        let rank = v["params"]["level"].as_str().and_then(log_rank);
+                        rank.filter(|r| min != 0 && *r + 1 >= min)
+                            .map(|_| Bytes::from(v.to_string()))
+                    }
+                    _ => Some(Bytes::from(v.to_string())),
+                },
+                None => None,
+            },
+            Err(_) => None,
+        };
+        std::future::ready(out)
+    });
+    let mine = futures_util::stream::unfold(mine, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(m) => return Some((m, rx)),
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    let events = futures_util::stream::select(feed.boxed(), mine.boxed()).map(move |m| {
+        let _open = &open;
+        sse_event(&m)
+    });
+    let mut resp = Response::new(Body::Stream(Box::pin(events)));
+    let out = resp.headers_mut();
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    out.insert(
+        http::HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
+    Ok(resp)
+}
+
+/// `resources/subscribe` / `resources/unsubscribe` (`subscribe` false) of `uri`.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn subscribe(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    headers: &HeaderMap,
+    owner: &Arc<Owner>,
+    session: &SessionData,
+    id: &RequestId,
+    params: &Value,
+    subscribe: bool,
+) -> Result<Response<Body>, GatewayError> {
+    let uri = params["uri"]
+        .as_str()
+        .ok_or_else(|| GatewayError::InvalidParams("params.uri must be a string".into()))?;
+    if !subscribe {
+        if let Some(c) = core.clients.peek(&owner.key) {
+            c.subscriptions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(uri);
+        }
+        return Ok(result(id, json!({})));
+    }
+    let client =
+        core.clients
+            .get(&owner.key, session.exp)
+            .ok_or_else(|| GatewayError::Overloaded {
+                backend: route.name().to_string(),
+            })?;
+    {
+        let subs = client
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if subs.contains_key(uri) {
+            return Ok(result(id, json!({})));
+        }
+        if subs.len() >= MAX_SUBSCRIPTIONS {
+            return Err(GatewayError::InvalidParams(format!(
+                "at most {MAX_SUBSCRIPTIONS} resource subscriptions per session"
+            )));
+        }
+    }
+    let body = listen_body(
+        "portico-subscribe",
+        json!({ "resourceSubscriptions": [uri] }),
+        false,
+        session,
+    )?;
+    let mut feed = open_listen(core, ctx, route, headers, body).await?;
+    // Answered once the upstream has acknowledged the URI (or refused).
+    let first = tokio::time::timeout(route.timeout(), feed.next())
+        .await
+        .map_err(|_| GatewayError::BackendTimeout {
+            backend: route.name().to_string(),
+            timeout_ms: route.timeout().as_millis() as u64,
+        })?;
+    let first: Value = match first {
+        Some(Ok(m)) => serde_json::from_slice(&m).unwrap_or_default(),
+        Some(Err(e)) => {
+            return Err(GatewayError::from_upstream(
+                &route.name(),
+                route.timeout().as_millis() as u64,
+                &e,
+            ));
+        }
+        None => Value::Null,
+    };
+    let accepted = first["method"] == "notifications/subscriptions/acknowledged"
+        && first["params"]["notifications"]["resourceSubscriptions"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|u| u == uri));
+    if !accepted {
+        return Err(GatewayError::MethodNotFound(format!(
+            "resources/subscribe: {} does not offer updates of {uri}",
+            route.name()
+        )));
+    }
+    let open = core.metrics.listen_stream(&route.name());
+    let (held, key) = (client.clone(), uri.to_string());
+    // Inserted before the task can end, so an upstream that ends at once leaves no entry.
+    let mut subs = client
+        .subscriptions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let task = tokio::spawn(async move {
+        let _open = open;
+        while let Some(Ok(m)) = feed.next().await {
+            if let Some((method, v)) = plain(&m)
+                && method == "notifications/resources/updated"
+            {
+                let _ = held.tx.send(Bytes::from(v.to_string()));
+            }
+        }
+        // The upstream ended the stream: the subscription is gone, so a new
+        // `resources/subscribe` opens a new one.
+        held.subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    });
+    subs.insert(uri.to_string(), Feed(task.abort_handle()));
+    drop(subs);
+    Ok(result(id, json!({})))
+}
+
+/// `logging/setLevel`: kept for the client, and set in its upstream sessions on
+/// initialize-era backends.
+pub(super) async fn set_level(
+    core: &Core,
+    route: &Route,
+    owner: &Arc<Owner>,
+    session: &SessionData,
+    id: &RequestId,
+    params: &Value,
+    deadline: Instant,
+) -> Result<Response<Body>, GatewayError> {
+    let rank = params["level"]
+        .as_str()
+        .and_then(log_rank)
+        .ok_or_else(|| GatewayError::InvalidParams("params.level is not a LoggingLevel".into()))?;
+    let client =
+        core.clients
+            .get(&owner.key, session.exp)
+            .ok_or_else(|| GatewayError::Overloaded {
+                backend: route.name().to_string(),
+            })?;
+    client.level.store(rank + 1, Ordering::Relaxed);
+    for b in backends(route) {
+        if b.verdict() == Verdict::Legacy
+            && let Err(error) = bridge::set_client_level(&b, owner, rank, deadline).await
+        {
+            tracing::info!(backend = %b.name, %error, "logging/setLevel not set upstream");
+        }
+    }
+    Ok(result(id, json!({})))
+}
+
+/// The client's log level as a request's `_meta` `logLevel`, if it set one.
+pub(super) fn log_level(core: &Core, owner: &Owner) -> Option<&'static str> {
+    let level = core.clients.peek(&owner.key)?.level.load(Ordering::Relaxed);
+    protocol::LOG_LEVELS
+        .get(usize::from(level.checked_sub(1)?))
+        .copied()
+}
