@@ -18,11 +18,8 @@ const RED_KEY: &str = "red-key-0123456789abcdef0";
 /// - `d`: nothing listens; its breaker opens after one failure and stays open;
 /// - blue denies `r__secret_*`; red allows `r__*` and `x__*` only.
 fn config(r: &str, x: &str, dead: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("portico-admission-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (b, rd) = (dir.join("blue"), dir.join("red"));
-    std::fs::write(&b, BLUE_KEY).unwrap();
-    std::fs::write(&rd, RED_KEY).unwrap();
+    let b = crate::common::secret_file("admission-blue", BLUE_KEY);
+    let rd = crate::common::secret_file("admission-red", RED_KEY);
     format!(
         r#"
 [auth]

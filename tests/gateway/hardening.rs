@@ -114,9 +114,9 @@ async fn serve_go(mut tcp: TcpStream, executed: Arc<Mutex<Vec<String>>>) {
 }
 
 fn key_file() -> String {
-    let path = std::env::temp_dir().join(format!("portico-hardening-{}", std::process::id()));
-    std::fs::write(&path, KEY).unwrap();
-    path.display().to_string()
+    crate::common::secret_file("hardening", KEY)
+        .display()
+        .to_string()
 }
 
 /// The bodies another parser reads as a call of `secret` while portico's reads `echo`.

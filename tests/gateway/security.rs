@@ -119,11 +119,8 @@ async fn list_as(url: &str, auth: &str) -> crate::common::Resp {
 
 fn api_keys_config(mock_url: &str, extra: &str) -> String {
     // Keys live in files (the env-var form is covered by config unit tests).
-    let dir = std::env::temp_dir().join(format!("portico-keys-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (a, b) = (dir.join("alice"), dir.join("bob"));
-    std::fs::write(&a, format!("{ALICE}\n")).unwrap();
-    std::fs::write(&b, BOB).unwrap();
+    let a = crate::common::secret_file("keys-alice", &format!("{ALICE}\n"));
+    let b = crate::common::secret_file("keys-bob", BOB);
     let (a, b) = (a.display(), b.display());
     format!(
         r#"
@@ -223,10 +220,7 @@ async fn protected_resource_metadata_is_served_without_auth() {
 #[tokio::test]
 async fn jwt_checks_signature_expiry_audience_for_hs256_rs256_es256() {
     let keys = Keys::new();
-    let dir = std::env::temp_dir().join(format!("portico-jwks-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let jwks = dir.join("jwks.json");
-    std::fs::write(&jwks, keys.jwks().to_string()).unwrap();
+    let jwks = crate::common::secret_file("jwks", &keys.jwks().to_string());
     // No ttlMs: every accepted list must reach the backend (the counter below counts them).
     let mock = MockMcp::modern().ttl_ms(None).start().await;
     let gw = Gateway::start(&format!(
@@ -306,7 +300,7 @@ protocol = "modern"
         "only the three good tokens got through"
     );
     gw.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&jwks);
 }
 
 const TEAMS: &str = r#"
@@ -955,10 +949,7 @@ fn mint_header(header: &Value, claims: &Value, sign: impl Fn(&[u8]) -> Vec<u8>) 
 /// A JWT gateway over the three test keys (a JWKS file), `team_claim = "grp"`, with `jwt_extra`
 /// lines in `[auth.jwt]` and `extra` after it (teams).
 async fn jwt_gateway(keys: &Keys, mock_url: &str, jwt_extra: &str, extra: &str) -> Gateway {
-    let dir = std::env::temp_dir().join(format!("portico-jwt-teams-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let jwks = dir.join("jwks.json");
-    std::fs::write(&jwks, keys.jwks().to_string()).unwrap();
+    let jwks = crate::common::secret_file("jwt-teams-jwks", &keys.jwks().to_string());
     Gateway::start(&format!(
         "[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_file = \"{}\"\nteam_claim = \"grp\"\n{jwt_extra}\n{extra}\n\
          [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",

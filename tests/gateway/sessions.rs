@@ -20,11 +20,8 @@ pub(crate) const ASKABLE: &str = r#"{"sampling":{},"elicitation":{},"roots":{"li
 
 /// `[auth]` with two principals (no teams).
 pub(crate) fn auth() -> String {
-    let dir = std::env::temp_dir().join(format!("portico-sessions-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (a, b) = (dir.join("alice"), dir.join("bob"));
-    std::fs::write(&a, ALICE).unwrap();
-    std::fs::write(&b, BOB).unwrap();
+    let a = crate::common::secret_file("sessions-alice", ALICE);
+    let b = crate::common::secret_file("sessions-bob", BOB);
     format!(
         "[auth]\nmode = \"api_keys\"\n[[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"alice\"\n\
          [[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"bob\"\n",

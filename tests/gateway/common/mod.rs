@@ -263,3 +263,14 @@ pub async fn mcp_with(
     h.extend_from_slice(extra);
     send("POST", url, &h, modern_body(id, method, params)).await
 }
+
+/// Writes `contents` (a key, a token) to a file of its own and returns its path. Tests run
+/// concurrently: a shared file that one test rewrites could be read empty by another's config.
+pub fn secret_file(tag: &str, contents: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("portico-{tag}-{}-{n}", std::process::id());
+    let path = std::env::temp_dir().join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
