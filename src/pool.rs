@@ -52,9 +52,13 @@ impl<T> Slot<T> {
     }
 }
 
+type Slots<T> = HashMap<OwnerKey, Arc<Slot<T>>, foldhash::fast::RandomState>;
+
 /// The pool of one backend.
 pub struct Pool<T> {
-    slots: Mutex<HashMap<OwnerKey, Arc<Slot<T>>>>,
+    /// foldhash: the keys are SHA-256 digests (`bridge::owner`), which nobody can choose to
+    /// collide, and SipHash cost more than the rest of a lookup on every bridged request.
+    slots: Mutex<Slots<T>>,
     cap: usize,
     idle: Duration,
     epoch: Instant,
@@ -71,7 +75,7 @@ pub fn unix_ms() -> u64 {
 impl<T> Pool<T> {
     pub fn new(cap: usize, idle: Duration) -> Pool<T> {
         Pool {
-            slots: Mutex::new(HashMap::new()),
+            slots: Mutex::new(Slots::default()),
             cap: cap.max(1),
             idle,
             epoch: Instant::now(),
@@ -83,7 +87,7 @@ impl<T> Pool<T> {
         self.idle
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerKey, Arc<Slot<T>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots<T>> {
         // Never held across anything that can panic; recover from poison anyway.
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -62,7 +62,7 @@ pub struct Call {
 
 /// Whether a message is an `input_required` result.
 fn input_required(msg: &[u8]) -> Option<Value> {
-    if !msg.windows(16).any(|w| w == b"\"input_required\"") {
+    if !crate::protocol::contains(msg, b"\"input_required\"") {
         return None;
     }
     let v: Value = serde_json::from_slice(msg).ok()?;

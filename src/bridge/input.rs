@@ -182,7 +182,7 @@ struct ServerRequest {
 fn server_request(msg: &[u8]) -> Option<ServerRequest> {
     // Most messages of a call's stream are its response (and progress): skip parsing those
     // that cannot be a request (`from_legacy` parses each message once anyway).
-    if !msg.windows(8).any(|w| w == b"\"method\"") {
+    if !crate::protocol::contains(msg, b"\"method\"") {
         return None;
     }
     let v: Value = serde_json::from_slice(msg).ok()?;
@@ -480,7 +480,7 @@ fn base64_id(bytes: &[u8]) -> String {
 /// legacy server never issues one, so on a bridged call every `requestState` is portico's).
 pub(super) fn is_retry(method: &str, body: &[u8]) -> bool {
     if !matches!(method, "tools/call" | "prompts/get" | "resources/read")
-        || !body.windows(14).any(|w| w == b"\"requestState\"")
+        || !crate::protocol::contains(body, b"\"requestState\"")
     {
         return false;
     }

@@ -44,8 +44,7 @@ pub(super) struct Mapping {
 
 /// The rank of a 2026 request's `_meta` `logLevel`, if it set a valid one.
 pub(super) fn log_level(body: &[u8]) -> Option<u8> {
-    let needle = b"logLevel";
-    if !body.windows(needle.len()).any(|w| w == needle) {
+    if !crate::protocol::contains(body, b"logLevel") {
         return None; // cheap skip: most requests carry none
     }
     let v: Value = serde_json::from_slice(body).ok()?;

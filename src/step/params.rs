@@ -173,8 +173,10 @@ fn fetch_tools<'a>(
 
 /// Whether a JSON-RPC response is a `-32020` (a header the server found missing or wrong).
 pub(super) fn is_header_mismatch(message: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(message)
-        .ok()
-        .and_then(|v| v["error"]["code"].as_i64())
-        == Some(protocol::code::HEADER_MISMATCH)
+    // Nearly every answer is no such error: parse only those that could be.
+    protocol::contains(message, b"-32020")
+        && serde_json::from_slice::<Value>(message)
+            .ok()
+            .and_then(|v| v["error"]["code"].as_i64())
+            == Some(protocol::code::HEADER_MISMATCH)
 }
