@@ -16,11 +16,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::config::{BackendConfig, Protocol};
+use crate::config::{BackendConfig, Protocol, Transport};
 use crate::pool::Pool;
 use crate::resilience::Resilience;
 use crate::upstream::demo::Demo;
-use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
+use crate::upstream::{Upstream, http::HttpUpstream, sse::SseTarget, stdio::StdioUpstream};
 
 /// Session-wide notifications buffered per subscriber of [`BridgeState::subscribe`].
 const NOTES_QUEUE: usize = 64;
@@ -77,7 +77,14 @@ impl Backend {
             Protocol::Legacy => Verdict::Legacy,
             Protocol::Auto => Verdict::Unknown,
         };
-        let (upstream, verdict) = if let Some(url) = &cfg.url {
+        let (upstream, verdict) = if let (Some(url), Transport::Sse) = (&cfg.url, cfg.transport) {
+            // The 2024-11-05 HTTP+SSE transport: a message link like a stdio child's, one
+            // session (event stream) per owner (`upstream::sse`).
+            let up = Arc::new(HttpUpstream::new(cfg, url).map_err(|e| e.to_string())?);
+            let target = Arc::new(SseTarget::new(up, url)?);
+            let up = StdioUpstream::new_sse(cfg, target);
+            (Upstream::Stdio(Arc::new(up)), Verdict::Legacy)
+        } else if let Some(url) = &cfg.url {
             let up = HttpUpstream::new(cfg, url).map_err(|e| e.to_string())?;
             (Upstream::Http(Arc::new(up)), configured)
         } else if let Some(cmd) = &cfg.command {

@@ -91,12 +91,13 @@ fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
 
 /// A fresh slot: per-client stdio backends get a child of their own (started on first use).
 fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
-    let child = match (&b.upstream, &b.cfg.command) {
-        (Upstream::Stdio(_), Some(cmd)) if *key != OWN => {
-            let child = Arc::new(StdioUpstream::new_owned(&b.cfg, cmd.clone()));
+    let child = match &b.upstream {
+        // A per-client child, or an HTTP+SSE backend's session of this owner alone.
+        Upstream::Stdio(s) if *key != OWN => s.owned_sibling(&b.cfg).map(|child| {
+            let child = Arc::new(child);
             forward_notes(b, &child);
-            Some(child)
-        }
+            child
+        }),
         _ => None,
     };
     let adopt = match (&b.upstream, owner.sealed_for(&b.name)) {

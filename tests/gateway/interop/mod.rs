@@ -9,6 +9,7 @@ mod cache;
 mod core;
 mod input;
 mod legacy;
+mod sse;
 mod stdio;
 
 use serde_json::Value;
