@@ -50,6 +50,9 @@ pub struct Backend {
     pub name: Arc<str>,
     pub cfg: BackendConfig,
     pub upstream: Upstream,
+    /// An `auto` backend whose URL turned out to serve the 2024-11-05 HTTP+SSE transport
+    /// (the probe's fallback, `bridge::probe`): the link its sessions use from then on.
+    sse_found: std::sync::OnceLock<Upstream>,
     /// Probe verdict, shared by every request (an atomic: read on the hot path, written rarely).
     verdict: AtomicU8,
     pub timeout: Duration,
@@ -107,6 +110,7 @@ impl Backend {
             name: cfg.name.as_str().into(),
             cfg: cfg.clone(),
             upstream,
+            sse_found: Default::default(),
             verdict: AtomicU8::new(verdict as u8),
             timeout: Duration::from_millis(cfg.timeout_ms),
             bridge: BridgeState::new(cfg),
@@ -116,6 +120,18 @@ impl Backend {
             stats: Default::default(),
             tool_params: Default::default(),
         })
+    }
+
+    /// How the backend's messages travel: the configured transport, or the HTTP+SSE link the
+    /// probe found at its URL.
+    pub fn transport(&self) -> &Upstream {
+        self.sse_found.get().unwrap_or(&self.upstream)
+    }
+
+    /// Records that the URL serves the 2024-11-05 HTTP+SSE transport (once; the probe holds
+    /// the backend's probe lock).
+    pub fn found_sse(&self, link: StdioUpstream) {
+        let _ = self.sse_found.set(Upstream::Stdio(Arc::new(link)));
     }
 
     pub fn verdict(&self) -> Verdict {

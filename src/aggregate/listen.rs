@@ -155,7 +155,7 @@ async fn open(
 ) -> Result<Option<BoxStream<'static, &'static str>>, GatewayError> {
     let b = &req.ep.members[member].backend;
     let verdict = bridge::ensure_verdict(b).await?;
-    let broadcast = match &b.upstream {
+    let broadcast = match b.transport() {
         Upstream::Stdio(s) => Some(s.subscribe()),
         Upstream::Http(_) if verdict == Verdict::Legacy => {
             // Subscribe first, then make sure the GET stream is (being) opened.
@@ -171,7 +171,7 @@ async fn open(
         params.insert("notifications".into(), agreed.clone());
         let body = req.part_body("subscriptions/listen", params);
         let deadline = Instant::now() + LISTEN_LIFETIME;
-        if let Upstream::Stdio(s) = &b.upstream {
+        if let Upstream::Stdio(s) = b.transport() {
             // On stdio the acknowledgement and the notifications are not tied to the request
             // (they arrive through the broadcast), so the call would not return before the
             // stream ends: it is driven inside the stream instead, and only keeps the child's

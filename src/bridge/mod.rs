@@ -170,7 +170,9 @@ fn session_lost(
     status: StatusCode,
     messages: &MessageStream,
 ) -> bool {
-    if !matches!(b.upstream, Upstream::Http(_)) || s.id.is_none() || status != StatusCode::NOT_FOUND
+    if !matches!(b.transport(), Upstream::Http(_))
+        || s.id.is_none()
+        || status != StatusCode::NOT_FOUND
     {
         return false;
     }
@@ -258,7 +260,7 @@ pub async fn call(
             backend: b.clone(),
             session: s.clone(),
             upstream_id,
-            armed: !matches!(b.upstream, Upstream::Stdio(_)),
+            armed: !matches!(b.transport(), Upstream::Stdio(_)),
             _slot: slot.clone(),
         };
         let reply = match send_raw(b, &s, up_body, client_headers, team, deadline).await {
@@ -314,7 +316,7 @@ async fn send_raw(
     team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
 ) -> Result<Reply, UpstreamError> {
-    match &b.upstream {
+    match b.transport() {
         Upstream::Http(up) => {
             let mut extra = base_headers();
             extra.push((h::names::PROTOCOL_VERSION, s.version.clone()));

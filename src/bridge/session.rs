@@ -68,7 +68,7 @@ pub async fn open(
     owner: &Owner,
     deadline: Instant,
 ) -> Result<Option<(String, String)>, GatewayError> {
-    if !matches!(b.upstream, Upstream::Http(_)) {
+    if !matches!(b.transport(), Upstream::Http(_)) {
         return Ok(None);
     }
     let s = session(b, owner, deadline).await?;
@@ -80,7 +80,7 @@ pub async fn open(
 /// The slot an owner's requests use on `b`: its own, or for portico's traffic and on a
 /// `shared` stdio child the one slot everybody shares.
 fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
-    let shared_child = matches!(b.upstream, Upstream::Stdio(_))
+    let shared_child = matches!(b.transport(), Upstream::Stdio(_))
         && b.cfg.isolation() == crate::config::Isolation::Shared;
     if owner.portico || shared_child {
         OWN
@@ -91,7 +91,7 @@ fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
 
 /// A fresh slot: per-client stdio backends get a child of their own (started on first use).
 fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
-    let child = match &b.upstream {
+    let child = match b.transport() {
         // A per-client child, or an HTTP+SSE backend's session of this owner alone.
         Upstream::Stdio(s) if *key != OWN => s.owned_sibling(&b.cfg).map(|child| {
             let child = Arc::new(child);
@@ -100,7 +100,7 @@ fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
         }),
         _ => None,
     };
-    let adopt = match (&b.upstream, owner.sealed_for(&b.name)) {
+    let adopt = match (b.transport(), owner.sealed_for(&b.name)) {
         (Upstream::Http(_), Some((id, v))) => HeaderValue::from_str(id)
             .ok()
             .zip(HeaderValue::from_str(v).ok()),
@@ -137,7 +137,7 @@ pub(super) fn stdio_of<'a>(
     b: &'a Backend,
     child: Option<&'a Arc<StdioUpstream>>,
 ) -> Option<&'a StdioUpstream> {
-    match (child, &b.upstream) {
+    match (child, b.transport()) {
         (Some(c), _) => Some(c),
         (None, Upstream::Stdio(s)) => Some(s),
         _ => None,
@@ -248,7 +248,7 @@ pub(super) async fn close_slot(b: Arc<Backend>, slot: Held) {
 
 /// `DELETE`s an HTTP upstream session (bounded: 2 s).
 async fn delete_upstream(b: &Backend, id: Option<&HeaderValue>, version: &HeaderValue) {
-    let (Upstream::Http(up), Some(sid)) = (&b.upstream, id) else {
+    let (Upstream::Http(up), Some(sid)) = (b.transport(), id) else {
         return;
     };
     let mut req = up.request(
@@ -387,7 +387,7 @@ pub(super) async fn initialize(
         })
     };
     let stdio = stdio_of(b, child);
-    let (messages, session_id, generation, status) = match (&b.upstream, stdio) {
+    let (messages, session_id, generation, status) = match (b.transport(), stdio) {
         (Upstream::Http(up), _) => {
             let req = up.request(
                 &HeaderMap::new(),
@@ -439,7 +439,7 @@ pub(super) async fn initialize(
     }
     let version = HeaderValue::from_str(version).map_err(|_| fail("bad protocolVersion".into()))?;
     // notifications/initialized: the server must see it before anything else.
-    match (&b.upstream, stdio) {
+    match (b.transport(), stdio) {
         (Upstream::Http(up), _) => {
             let mut extra = base_headers();
             extra.push((h::names::PROTOCOL_VERSION, version.clone()));

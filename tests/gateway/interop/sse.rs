@@ -205,3 +205,33 @@ fn sse_transport_is_validated() {
         assert!(e.to_string().contains("transport"), "{bad}: {e}");
     }
 }
+
+/// No `transport` configured (`protocol = "auto"`): the Streamable HTTP probe is refused (404),
+/// the fallback GET finds the `endpoint` event, and the backend is bridged over HTTP+SSE.
+#[tokio::test]
+async fn the_probe_falls_back_to_http_sse() {
+    let server = ts_server(&["--transport", "sse"]).await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n[[backends]]\nname = \"ts\"\nurl = \"http://127.0.0.1:{}/sse\"\ntimeout_ms = 10000\n",
+        server.port
+    ))
+    .await;
+    let url = gw.url("/mcp/ts");
+    let r = mcp(
+        &url,
+        json!(1),
+        "tools/call",
+        json!({"name":"echo","arguments":{"text":"found"}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.result()["result"]["content"][0]["text"], "found");
+    let (opened, _) = sse_sessions(&server).await;
+    assert!(
+        opened >= 2,
+        "the probe's stream and the client's session: {opened}"
+    );
+    let via = ts_client(&["--url", &url]).await;
+    assert_eq!(via["progress_events"], 3);
+    assert_eq!(via["add"], "5");
+}
