@@ -177,6 +177,11 @@ async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
     Ok(verdict)
 }
 
+/// How long the fallback waits for the `endpoint` event (at most `probe_timeout_ms`): an
+/// HTTP+SSE server sends it as the stream opens; a Streamable HTTP server that holds a GET open
+/// without a word must not hold up the first request longer.
+const SSE_PROBE_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
+
 /// A Streamable HTTP probe refused with 400/404/405 may mean the URL serves the 2024-11-05
 /// HTTP+SSE transport (docs/protocol.md §5): a GET with `Accept: text/event-stream` that
 /// opens a stream whose first event is `endpoint` says so, and from then on the backend's
@@ -188,7 +193,8 @@ async fn sse_fallback(b: &Backend, up: &Arc<HttpUpstream>) {
     let Ok(target) = SseTarget::new(up.clone(), url) else {
         return;
     };
-    match crate::upstream::sse::connect(&target).await {
+    let wait = std::time::Duration::from_millis(b.cfg.probe_timeout_ms).min(SSE_PROBE_WAIT);
+    match crate::upstream::sse::connect_within(&target, wait).await {
         Ok((conn, poster)) => {
             drop((conn, poster));
             tracing::info!(backend = %b.name, "the URL serves the 2024-11-05 HTTP+SSE transport; bridging it");

@@ -93,7 +93,13 @@ pub type Poster = mpsc::UnboundedSender<Bytes>;
 /// Opens one session: the GET, then the `endpoint` event (both within `timeout_ms`), and a
 /// poster task for its messages.
 pub async fn connect(t: &SseTarget) -> Result<(SseConn, Poster), String> {
-    let deadline = Instant::now() + t.timeout;
+    connect_within(t, t.timeout).await
+}
+
+/// [`connect`] within `wait` (the probe's fallback waits less: a server of this transport names
+/// its endpoint as the stream opens, while a Streamable HTTP server may hold a GET open silently).
+pub async fn connect_within(t: &SseTarget, wait: Duration) -> Result<(SseConn, Poster), String> {
+    let deadline = Instant::now() + wait;
     let mut req = t.up.request(
         &HeaderMap::new(),
         &[(

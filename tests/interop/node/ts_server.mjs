@@ -96,7 +96,7 @@ function registerInputTools(server) {
 function buildServer() {
   const server = new McpServer(
     { name: 'portico-interop-typescript', version: '1.0.0' },
-    { instructions: 'portico interop fixture (typescript)', capabilities: { logging: {} } },
+    { instructions: 'portico interop fixture (typescript)' },
   );
 
   server.registerTool('echo', { description: 'Echo the text back', inputSchema: { text: z.string() } },
@@ -154,19 +154,12 @@ function buildServer() {
   if (opts['input-tools']) registerInputTools(server);
 
   // SSE mode: ends the caller's own session stream mid-call and never answers.
-  server.registerTool('hangup', { description: "End this session's SSE stream mid-call", inputSchema: {} },
+  if (opts.transport === 'sse') server.registerTool('hangup', { description: "End this session's SSE stream mid-call", inputSchema: {} },
     async (_args, extra) => {
       const t = sseTransports.get(extra.sessionId);
       setTimeout(() => t?.close().catch(() => {}), 50);
       await sleep(60000);
       return text('still here');
-    });
-
-  // Logs a line on the session (notifications/message), then answers.
-  server.registerTool('log', { description: 'Send a log message, then return', inputSchema: { text: z.string() } },
-    async ({ text: t }) => {
-      await server.sendLoggingMessage({ level: 'info', data: t }).catch(() => {});
-      return text(`logged ${t}`);
     });
 
   server.registerResource('greeting', 'demo://greeting', { mimeType: 'text/plain', description: 'A greeting' },
