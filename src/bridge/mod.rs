@@ -24,6 +24,10 @@
 //!   by the transport before it is written (`UpstreamError::Restarted`), so portico
 //!   re-initializes and retries it once. Server-initiated requests never reach the bridge there:
 //!   the stdio transport answers them itself (`ping` → `{}`, the rest → `-32601`, logged).
+//! - **2024-11-05 HTTP+SSE** (`transport = "sse"`, or found by the probe's fallback): the
+//!   transport is the stdio actor over an SSE link (`Backend::transport`), one event stream per
+//!   owner, so everything said of per-client stdio children holds; a stream that ends is a
+//!   restart (new generation, re-initialized, the request resent only if it was never written).
 //! - **Translation both ways**: reserved 2026 `_meta` keys are stripped going up; results coming
 //!   back get `resultType`, `ttlMs`/`cacheScope` (from config, default private), serverInfo, and
 //!   `-32002` becomes `-32602`.

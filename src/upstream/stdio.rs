@@ -1,5 +1,7 @@
 //! stdio upstreams: one child process per backend, speaking newline-delimited JSON-RPC on its
-//! stdin/stdout (the MCP stdio transport).
+//! stdin/stdout (the MCP stdio transport). The same actor drives a 2024-11-05 HTTP+SSE session
+//! (`sse.rs`): its event stream in place of stdout, POSTs in place of stdin, a new session in
+//! place of a restart — everything above the link (ids, progress, server requests) is shared.
 //!
 //! Shape: [`StdioUpstream`] is a cheap handle. On first use it spawns one actor task
 //! (`Actor::run`) that owns the child and everything about it: a `select!` over the command
