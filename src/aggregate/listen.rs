@@ -155,6 +155,13 @@ async fn open(
 ) -> Result<Option<BoxStream<'static, &'static str>>, GatewayError> {
     let b = &req.ep.members[member].backend;
     let verdict = bridge::ensure_verdict(b).await?;
+    // A legacy stdio backend's per-client children, and every session of an HTTP+SSE backend
+    // (one per client), announce their changes through the bridge (`bridge::session`); the
+    // fact that a list changed is all that is taken from them.
+    let sessions = match b.transport() {
+        Upstream::Stdio(_) if verdict == Verdict::Legacy => Some(b.bridge.subscribe()),
+        _ => None,
+    };
     let broadcast = match b.transport() {
         Upstream::Stdio(s) => Some(s.subscribe()),
         Upstream::Http(_) if verdict == Verdict::Legacy => {
@@ -223,16 +230,10 @@ async fn open(
     }
     match (broadcast, listened) {
         (Some(rx), listened) => {
-            let notes = futures_util::stream::unfold(rx, |mut rx| async move {
-                loop {
-                    match rx.recv().await {
-                        Ok(m) => return Some((m, rx)),
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                    }
-                }
-            })
-            .filter_map(|m| std::future::ready(list_changed(&m)));
+            let mut notes = changes_of(rx);
+            if let Some(more) = sessions {
+                notes = futures_util::stream::select(notes, changes_of(more)).boxed();
+            }
             // Keep the modern child's listen request open alongside; its answer stream carries
             // nothing on stdio (notifications come through the broadcast).
             let s = match listened {
@@ -244,6 +245,23 @@ async fn open(
         (None, Some(l)) => Ok(Some(l)),
         (None, None) => Ok(None),
     }
+}
+
+/// The list-changed notifications among a broadcast's messages.
+fn changes_of(
+    rx: tokio::sync::broadcast::Receiver<bytes::Bytes>,
+) -> BoxStream<'static, &'static str> {
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(m) => return Some((m, rx)),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    })
+    .filter_map(|m| std::future::ready(list_changed(&m)))
+    .boxed()
 }
 
 /// The list-changed method a message is, if it is one.

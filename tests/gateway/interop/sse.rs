@@ -235,3 +235,57 @@ async fn the_probe_falls_back_to_http_sse() {
     assert_eq!(via["progress_events"], 3);
     assert_eq!(via["add"], "5");
 }
+
+/// Notifications: a `tools/list_changed` the server sends on a client's SSE session reaches a
+/// 2026-07-28 client listening on an aggregated endpoint, once, under its subscription id.
+#[tokio::test]
+async fn list_changed_on_an_sse_session_reaches_a_modern_listener() {
+    let server = ts_server(&["--transport", "sse"]).await;
+    let gw = Gateway::start(&format!(
+        "{}[[endpoints]]\npath = \"/mcp\"\nbackends = [\"ts\"]\ndebounce_ms = 100\n",
+        sse_backend(&server, "")
+    ))
+    .await;
+    let url = gw.url("/mcp");
+    let resp = send_stream(
+        "POST",
+        &url,
+        &modern_headers("subscriptions/listen", None),
+        modern_body(
+            json!("L5"),
+            "subscriptions/listen",
+            json!({"notifications":{"toolsListChanged":true}}),
+        ),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut dec = portico::sse::SseDecoder::new(1 << 20);
+    let ack = crate::aggregate::read_for(&mut body, &mut dec, Duration::from_millis(500)).await;
+    assert_eq!(ack.len(), 1, "{ack:?}");
+    assert_eq!(ack[0]["method"], "notifications/subscriptions/acknowledged");
+    let r = mcp(
+        &url,
+        json!("t"),
+        "tools/call",
+        json!({"name":"ts__add_tool","arguments":{"name":"fresh"}}),
+    )
+    .await;
+    assert_eq!(r.result()["result"]["content"][0]["text"], "added fresh");
+    let notes = crate::aggregate::read_for(&mut body, &mut dec, Duration::from_millis(1500)).await;
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0]["method"], "notifications/tools/list_changed");
+    assert_eq!(
+        notes[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "L5"
+    );
+    drop(body);
+    let r = mcp(&url, json!(9), "tools/list", json!({})).await;
+    let names: Vec<_> = r.result()["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(String::from))
+        .collect();
+    assert!(names.contains(&"ts__fresh".to_string()), "{names:?}");
+}
