@@ -289,3 +289,20 @@ async fn list_changed_on_an_sse_session_reaches_a_modern_listener() {
         .collect();
     assert!(names.contains(&"ts__fresh".to_string()), "{names:?}");
 }
+
+/// The server's own requests on an SSE session (elicitation, sampling, roots during a call)
+/// reach the client that made the call: relayed to a TypeScript SDK v1 client, and asked of a
+/// 2026-07-28 Python SDK client through `input_required`.
+#[tokio::test]
+async fn server_requests_on_an_sse_session_reach_the_calling_client() {
+    let server = ts_server(&["--transport", "sse", "--input-tools"]).await;
+    let gw = Gateway::start(&sse_backend(&server, "")).await;
+    let url = gw.url("/mcp/ts");
+    for v in [
+        ts_client(&["--scenario", "input", "--url", &url]).await,
+        py_client(&["--modern", "--scenario", "input", "--url", &url]).await,
+    ] {
+        assert_eq!(v["ask"], "name=octocat; sampled=Paris", "{v}");
+        assert_eq!(v["roots"], "file:///work", "{v}");
+    }
+}
