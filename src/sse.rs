@@ -244,6 +244,27 @@ mod tests {
         out
     }
 
+    /// The 2024-11-05 transport tells `endpoint` from `message` by the event type; a type
+    /// without data is forgotten with its event.
+    #[test]
+    fn event_types_are_kept_per_event() {
+        let mut d = SseDecoder::new(1024);
+        d.push(
+            b"event: endpoint
+data: /messages?sessionId=1
+
+event: ignored
+
+data: {}
+
+",
+        );
+        assert_eq!(d.next_event().unwrap().unwrap(), "/messages?sessionId=1");
+        assert_eq!(d.event_type(), b"endpoint");
+        assert_eq!(d.next_event().unwrap().unwrap(), "{}");
+        assert_eq!(d.event_type(), b"", "no type: a message");
+    }
+
     #[test]
     fn decodes_events_split_anywhere() {
         let stream = b"id: 1\nevent: message\ndata: {\"a\":1}\n\n: keepalive\n\nevent: message\r\ndata: {\"b\":\r\ndata: 2}\r\n\r\nid: prime\ndata:\n\ndata: last";
