@@ -565,8 +565,13 @@ impl Actor {
             };
             let restarts = self.status.borrow().restarts;
             let backoff_ms = backoff.as_millis() as u64;
-            warn!(backend = %self.name, reason = %why, restarts, backoff_ms,
-                "stdio server is down; restarting after backoff");
+            if self.sse.is_some() {
+                warn!(backend = %self.name, reason = %why, restarts, backoff_ms,
+                    "SSE session ended; opening a new one after backoff");
+            } else {
+                warn!(backend = %self.name, reason = %why, restarts, backoff_ms,
+                    "stdio server is down; restarting after backoff");
+            }
             if !self.wait_backoff(Instant::now() + backoff).await {
                 return;
             }
