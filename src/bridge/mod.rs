@@ -137,9 +137,10 @@ async fn discover(
     b: &Arc<Backend>,
     owner: &Owner,
     id: &RequestId,
+    team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
 ) -> Result<Bridged, GatewayError> {
-    let s = match session_or_modern(b, owner, deadline).await {
+    let s = match session_or_modern(b, owner, team, deadline).await {
         Ok((_, s)) => s,
         Err(e) => return on_session_error(b, e).await,
     };
@@ -209,7 +210,7 @@ pub async fn call(
     if method == "server/discover"
         && let Some(id) = client_id
     {
-        return discover(b, owner, id, deadline).await;
+        return discover(b, owner, id, team, deadline).await;
     }
     if method == "notifications/cancelled" {
         // Its requestId is in the client's id space; the step cancels the client's own call
@@ -235,7 +236,7 @@ pub async fn call(
         };
     }
     for attempt in 0..2 {
-        let (slot, s) = match session_or_modern(b, owner, deadline).await {
+        let (slot, s) = match session_or_modern(b, owner, team, deadline).await {
             Ok(held) => held,
             Err(e) => return on_session_error(b, e).await,
         };

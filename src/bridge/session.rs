@@ -47,7 +47,7 @@ pub async fn session(
     owner: &Owner,
     deadline: Instant,
 ) -> Result<Arc<LegacySession>, GatewayError> {
-    match session_or_modern(b, owner, deadline).await {
+    match session_or_modern(b, owner, &[], deadline).await {
         Ok((_, s)) => Ok(s),
         Err(SessionError::Failed(e)) => Err(e),
         Err(SessionError::Modern(why)) => {
@@ -90,10 +90,10 @@ fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
 }
 
 /// A fresh slot: per-client stdio backends get a child of their own (started on first use).
-fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
+fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner, team: &[Team]) -> SessionSlot {
     let child = match b.transport() {
         // A per-client child, or an HTTP+SSE backend's session of this owner alone.
-        Upstream::Stdio(s) if *key != OWN => s.owned_sibling(&b.cfg).map(|child| {
+        Upstream::Stdio(s) if *key != OWN => s.owned_sibling(&b.cfg, team).map(|child| {
             let child = Arc::new(child);
             forward_notes(b, &child);
             child
@@ -146,16 +146,21 @@ pub(super) fn stdio_of<'a>(
 
 pub(super) type Held = Arc<Slot<SessionSlot>>;
 
+/// A team header (`team_headers`): the owner's team is part of its key, so a session made
+/// with them serves only callers of that team.
+pub(super) type Team = (http::HeaderName, HeaderValue);
+
 pub(super) async fn session_or_modern(
     b: &Arc<Backend>,
     owner: &Owner,
+    team: &[Team],
     deadline: Instant,
 ) -> Result<(Held, Arc<LegacySession>), SessionError> {
     let key = slot_key(b, owner);
     let (slot, evicted) = b
         .bridge
         .pool
-        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner));
+        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner, team));
     if key == OWN {
         slot.pin();
     }

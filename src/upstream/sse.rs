@@ -38,9 +38,22 @@ pub struct SseTarget {
     base: Uri,
     max_event: usize,
     timeout: Duration,
+    /// Headers of this session's owner (its team's `team_headers`), on the GET and every POST.
+    extra: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl SseTarget {
+    /// The same target for one owner, with its team's headers.
+    pub fn with_headers(&self, extra: &[(HeaderName, HeaderValue)]) -> SseTarget {
+        SseTarget {
+            up: self.up.clone(),
+            base: self.base.clone(),
+            max_event: self.max_event,
+            timeout: self.timeout,
+            extra: extra.to_vec(),
+        }
+    }
+
     pub fn new(up: Arc<HttpUpstream>, url: &str) -> Result<SseTarget, String> {
         let base: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
         Ok(SseTarget {
@@ -48,6 +61,7 @@ impl SseTarget {
             timeout: up.timeout,
             up,
             base,
+            extra: Vec::new(),
         })
     }
 }
@@ -100,14 +114,12 @@ pub async fn connect(t: &SseTarget) -> Result<(SseConn, Poster), String> {
 /// its endpoint as the stream opens, while a Streamable HTTP server may hold a GET open silently).
 pub async fn connect_within(t: &SseTarget, wait: Duration) -> Result<(SseConn, Poster), String> {
     let deadline = Instant::now() + wait;
-    let mut req = t.up.request(
-        &HeaderMap::new(),
-        &[(
-            header::ACCEPT,
-            HeaderValue::from_static("text/event-stream"),
-        )],
-        Bytes::new(),
-    );
+    let mut head = t.extra.clone();
+    head.push((
+        header::ACCEPT,
+        HeaderValue::from_static("text/event-stream"),
+    ));
+    let mut req = t.up.request(&HeaderMap::new(), &head, Bytes::new());
     *req.method_mut() = Method::GET;
     let ex =
         t.up.exchange(req, deadline)
@@ -134,7 +146,19 @@ pub async fn connect_within(t: &SseTarget, wait: Duration) -> Result<(SseConn, P
         .map_err(|_| "no endpoint event before timeout_ms".to_string())??;
     let target = resolve_endpoint(&t.base, &endpoint)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(post_lines(t.up.clone(), target, t.timeout, rx, dead_tx));
+    let mut head = t.extra.clone();
+    head.push((
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    ));
+    tokio::spawn(post_lines(
+        t.up.clone(),
+        target,
+        head,
+        t.timeout,
+        rx,
+        dead_tx,
+    ));
     Ok((conn, tx))
 }
 
@@ -209,17 +233,14 @@ fn port_of(u: &Uri) -> Option<u16> {
 async fn post_lines(
     up: Arc<HttpUpstream>,
     target: Uri,
+    head: Vec<(HeaderName, HeaderValue)>,
     timeout: Duration,
     mut rx: mpsc::UnboundedReceiver<Bytes>,
     dead: mpsc::UnboundedSender<String>,
 ) {
-    let json: (HeaderName, HeaderValue) = (
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
     while let Some(line) = rx.recv().await {
         let body = line.slice(..line.len() - usize::from(line.ends_with(b"\n")));
-        let mut req = up.request(&HeaderMap::new(), std::slice::from_ref(&json), body);
+        let mut req = up.request(&HeaderMap::new(), &head, body);
         *req.uri_mut() = target.clone();
         let deadline = Instant::now() + timeout;
         let why = match up.exchange(req, deadline).await {

@@ -184,10 +184,15 @@ impl StdioUpstream {
 
     /// A link of the same kind for one client alone (`isolation = "per_client"`, and every
     /// HTTP+SSE backend: a session's state is its client's).
-    pub fn owned_sibling(&self, cfg: &BackendConfig) -> Option<StdioUpstream> {
+    /// `team`: the owner's team headers, sent on an SSE session's GET and POSTs.
+    pub fn owned_sibling(
+        &self,
+        cfg: &BackendConfig,
+        team: &[(http::HeaderName, http::HeaderValue)],
+    ) -> Option<StdioUpstream> {
         match (&self.sse, &cfg.command) {
             (Some(t), _) => {
-                let up = StdioUpstream::new_sse(cfg, t.clone());
+                let up = StdioUpstream::new_sse(cfg, Arc::new(t.with_headers(team)));
                 up.set_owned();
                 Some(up)
             }

@@ -306,3 +306,44 @@ async fn server_requests_on_an_sse_session_reach_the_calling_client() {
         assert_eq!(v["roots"], "file:///work", "{v}");
     }
 }
+
+/// A team's `team_headers` go on its SSE session's GET and POSTs (the server sees them in the
+/// request that carried the call); another team's session does not get them.
+#[tokio::test]
+async fn team_headers_reach_the_teams_own_sse_session() {
+    let server = ts_server(&["--transport", "sse"]).await;
+    let dir = std::env::temp_dir().join(format!("portico-sse-team-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("blue"), dir.join("red"));
+    std::fs::write(&a, "k-blue-0123456789abcdef").unwrap();
+    std::fs::write(&b, "k-red-0123456789abcdef00").unwrap();
+    let config = format!(
+        "[auth]\nmode = \"api_keys\"\npublic_url = \"https://gw.example\"\n\
+         [[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"bea\"\nteam = \"blue\"\n\
+         [[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"rob\"\nteam = \"red\"\n{}",
+        a.display(),
+        b.display(),
+        sse_backend(
+            &server,
+            "team_headers = { blue = { Authorization = \"Bearer blue-upstream\" } }\n"
+        )
+    );
+    let gw = Gateway::start(&config).await;
+    let url = gw.url("/mcp/ts");
+    for (key, want) in [
+        ("k-blue-0123456789abcdef", "Bearer blue-upstream"),
+        ("k-red-0123456789abcdef00", "none"),
+    ] {
+        let bearer = format!("Bearer {key}");
+        let r = mcp_with(
+            &url,
+            json!(1),
+            "tools/call",
+            json!({"name":"whoami","arguments":{}}),
+            &[("authorization", &bearer)],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert_eq!(r.result()["result"]["content"][0]["text"], want, "{key}");
+    }
+}
