@@ -16,11 +16,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::config::{BackendConfig, Protocol};
+use crate::config::{BackendConfig, Protocol, Transport};
 use crate::pool::Pool;
 use crate::resilience::Resilience;
 use crate::upstream::demo::Demo;
-use crate::upstream::{Upstream, http::HttpUpstream, stdio::StdioUpstream};
+use crate::upstream::{Upstream, http::HttpUpstream, sse::SseTarget, stdio::StdioUpstream};
 
 /// Session-wide notifications buffered per subscriber of [`BridgeState::subscribe`].
 pub const NOTES_QUEUE: usize = 64;
@@ -50,6 +50,9 @@ pub struct Backend {
     pub name: Arc<str>,
     pub cfg: BackendConfig,
     pub upstream: Upstream,
+    /// An `auto` backend whose URL turned out to serve the 2024-11-05 HTTP+SSE transport
+    /// (the probe's fallback, `bridge::probe`): the link its sessions use from then on.
+    sse_found: std::sync::OnceLock<Upstream>,
     /// Probe verdict, shared by every request (an atomic: read on the hot path, written rarely).
     verdict: AtomicU8,
     pub timeout: Duration,
@@ -77,7 +80,14 @@ impl Backend {
             Protocol::Legacy => Verdict::Legacy,
             Protocol::Auto => Verdict::Unknown,
         };
-        let (upstream, verdict) = if let Some(url) = &cfg.url {
+        let (upstream, verdict) = if let (Some(url), Transport::Sse) = (&cfg.url, cfg.transport) {
+            // The 2024-11-05 HTTP+SSE transport: a message link like a stdio child's, one
+            // session (event stream) per owner (`upstream::sse`).
+            let up = Arc::new(HttpUpstream::new(cfg, url).map_err(|e| e.to_string())?);
+            let target = Arc::new(SseTarget::new(up, url)?);
+            let up = StdioUpstream::new_sse(cfg, target);
+            (Upstream::Stdio(Arc::new(up)), Verdict::Legacy)
+        } else if let Some(url) = &cfg.url {
             let up = HttpUpstream::new(cfg, url).map_err(|e| e.to_string())?;
             (Upstream::Http(Arc::new(up)), configured)
         } else if let Some(cmd) = &cfg.command {
@@ -100,6 +110,7 @@ impl Backend {
             name: cfg.name.as_str().into(),
             cfg: cfg.clone(),
             upstream,
+            sse_found: Default::default(),
             verdict: AtomicU8::new(verdict as u8),
             timeout: Duration::from_millis(cfg.timeout_ms),
             bridge: BridgeState::new(cfg),
@@ -109,6 +120,18 @@ impl Backend {
             stats: Default::default(),
             tool_params: Default::default(),
         })
+    }
+
+    /// How the backend's messages travel: the configured transport, or the HTTP+SSE link the
+    /// probe found at its URL.
+    pub fn transport(&self) -> &Upstream {
+        self.sse_found.get().unwrap_or(&self.upstream)
+    }
+
+    /// Records that the URL serves the 2024-11-05 HTTP+SSE transport (once; the probe holds
+    /// the backend's probe lock).
+    pub fn found_sse(&self, link: StdioUpstream) {
+        let _ = self.sse_found.set(Upstream::Stdio(Arc::new(link)));
     }
 
     pub fn verdict(&self) -> Verdict {

@@ -411,6 +411,21 @@ pub enum Isolation {
     Shared,
 }
 
+/// How a `url` backend is spoken to.
+#[derive(
+    Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Streamable HTTP (POST to the URL), both eras.
+    #[default]
+    Http,
+    /// The 2024-11-05 HTTP+SSE transport: GET the URL for an event stream whose `endpoint`
+    /// event names where to POST; every answer arrives on the stream. One stream per upstream
+    /// session. Implies `protocol = "legacy"`.
+    Sse,
+}
+
 /// `[[backends]]`: one upstream MCP server, served at `/mcp/<name>`.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -442,6 +457,10 @@ pub struct BackendConfig {
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub protocol: Protocol,
+    /// `url` backends: `"http"` (Streamable HTTP, default) or `"sse"` (the 2024-11-05
+    /// HTTP+SSE transport; implies `protocol = "legacy"`).
+    #[serde(default)]
+    pub transport: Transport,
     #[serde(default)]
     pub verify_body: VerifyBody,
     /// `ttlMs` given to results of a legacy backend (which sends none).
@@ -940,6 +959,21 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
         }
         if b.upstream_idle_ms == 0 {
             return Err(invalid(key("upstream_idle_ms"), "must be greater than 0"));
+        }
+        if b.transport == Transport::Sse {
+            if b.url.is_none() {
+                return Err(invalid(
+                    key("transport"),
+                    "\"sse\" needs a url (the event stream to GET)",
+                ));
+            }
+            if b.protocol == Protocol::Modern {
+                return Err(invalid(
+                    key("transport"),
+                    "\"sse\" is the 2024-11-05 transport: it cannot go with protocol = \"modern\"",
+                ));
+            }
+            b.protocol = Protocol::Legacy;
         }
         if b.isolation.is_some() && b.command.is_none() {
             return Err(invalid(

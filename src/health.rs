@@ -52,12 +52,12 @@ pub async fn check(b: &Backend, timeout: Duration) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
         // The probe was the contact; a stdio child is running now if it answered.
-        if !matches!(b.upstream, Upstream::Stdio(_)) {
+        if !matches!(b.transport(), Upstream::Stdio(_)) {
             return Ok(());
         }
     }
     let deadline = tokio::time::Instant::now() + timeout;
-    match &b.upstream {
+    match b.transport() {
         Upstream::Builtin(_) => Ok(()),
         Upstream::Http(up) => {
             let req = up.request(

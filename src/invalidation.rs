@@ -119,7 +119,7 @@ async fn run(backend: &Arc<Backend>, cache: &Arc<Cache>) {
             }
         };
         let opened = Instant::now();
-        let ended = match (verdict, &backend.upstream) {
+        let ended = match (verdict, backend.transport()) {
             (Verdict::Legacy, Upstream::Stdio(s)) => stdio_notifications(backend, cache, s).await,
             (Verdict::Legacy, Upstream::Http(_)) => legacy_get(backend, cache, first).await,
             (_, Upstream::Builtin(_)) => return,
@@ -205,7 +205,7 @@ async fn drain(
 async fn listen(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ended {
     let deadline = Instant::now() + STREAM_LIFETIME;
     let body = Bytes::from_static(LISTEN_BODY.as_bytes());
-    let reply = match &backend.upstream {
+    let reply = match backend.transport() {
         Upstream::Http(up) => {
             let extra = [
                 (
@@ -266,7 +266,7 @@ async fn listen(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ende
 
 /// Initialize-era HTTP backends: the session's standalone GET stream.
 async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ended {
-    let Upstream::Http(up) = &backend.upstream else {
+    let Upstream::Http(up) = backend.transport() else {
         return Ended::Unsupported("not HTTP".into());
     };
     let deadline = Instant::now() + STREAM_LIFETIME;

@@ -38,6 +38,10 @@ pub struct SseDecoder {
     data: Vec<u8>,
     has_data: bool,
     max_event: usize,
+    /// The `event:` field of the event being read, and of the one last returned (the
+    /// 2024-11-05 transport's `endpoint` event is told from `message` by it).
+    event: Vec<u8>,
+    last_event: Vec<u8>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -51,7 +55,15 @@ impl SseDecoder {
             data: Vec::new(),
             has_data: false,
             max_event,
+            event: Vec::new(),
+            last_event: Vec::new(),
         }
+    }
+
+    /// The `event:` type of the event [`SseDecoder::next_event`] last returned (empty when it
+    /// named none, which means `message`).
+    pub fn event_type(&self) -> &[u8] {
+        &self.last_event
     }
 
     /// Adds bytes from the stream.
@@ -87,7 +99,9 @@ impl SseDecoder {
             self.buf.advance(skip);
             self.scanned = 0;
             if line.is_empty() {
+                let event = std::mem::take(&mut self.event);
                 if self.has_data {
+                    self.last_event = event;
                     self.has_data = false;
                     let data = std::mem::take(&mut self.data);
                     if !data.iter().all(|b| b.is_ascii_whitespace()) {
@@ -104,6 +118,10 @@ impl SseDecoder {
                 }
                 None => (&line[..], &b""[..]),
             };
+            if field == b"event" {
+                self.event = value.iter().take(64).copied().collect();
+                continue;
+            }
             if field == b"data" {
                 if self.has_data {
                     self.data.push(b'\n');
@@ -224,6 +242,27 @@ mod tests {
             out.push(String::from_utf8(ev.to_vec()).unwrap());
         }
         out
+    }
+
+    /// The 2024-11-05 transport tells `endpoint` from `message` by the event type; a type
+    /// without data is forgotten with its event.
+    #[test]
+    fn event_types_are_kept_per_event() {
+        let mut d = SseDecoder::new(1024);
+        d.push(
+            b"event: endpoint
+data: /messages?sessionId=1
+
+event: ignored
+
+data: {}
+
+",
+        );
+        assert_eq!(d.next_event().unwrap().unwrap(), "/messages?sessionId=1");
+        assert_eq!(d.event_type(), b"endpoint");
+        assert_eq!(d.next_event().unwrap().unwrap(), "{}");
+        assert_eq!(d.event_type(), b"", "no type: a message");
     }
 
     #[test]

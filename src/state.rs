@@ -100,6 +100,9 @@ impl State {
             if let Upstream::Stdio(s) = &b.upstream {
                 s.shutdown().await;
             }
+            if let Upstream::Stdio(s) = b.transport() {
+                s.shutdown().await;
+            }
         }
         self.telemetry.shutdown().await;
     }

@@ -73,11 +73,12 @@ pub(super) async fn listen(
     owner: &Owner,
     id: &RequestId,
     body: &[u8],
+    team: &[super::session::Team],
     deadline: Instant,
 ) -> Result<Bridged, GatewayError> {
     // `deadline` bounds the stream (long-lived); opening the session is a request like any.
     let open_by = deadline.min(Instant::now() + b.timeout);
-    let (slot, s) = match session_or_modern(b, owner, open_by).await {
+    let (slot, s) = match session_or_modern(b, owner, team, open_by).await {
         Ok(held) => held,
         Err(e) => return on_session_error(b, e).await,
     };
@@ -449,21 +450,14 @@ pub(super) async fn set_level(b: &Backend, s: &LegacySession, level: u8, exact: 
     }
 }
 
-/// An initialize-era client's `logging/setLevel`: set in its own upstream session on `b`.
-pub async fn set_client_level(
-    b: &Arc<Backend>,
-    owner: &Owner,
-    level: u8,
-    deadline: Instant,
-) -> Result<(), GatewayError> {
-    let (_, s) = match session_or_modern(b, owner, deadline).await {
-        Ok(held) => held,
-        Err(e) => {
-            return on_session_error(b, e).await.map(|_| ());
-        }
-    };
-    set_level(b, &s, level, true).await;
-    Ok(())
+/// An initialize-era client's `logging/setLevel`: set in its own upstream session on `b` if
+/// that is open. One is not opened for it: the session is opened with the caller's team
+/// headers, which only a request carries, and every later request of the client carries its
+/// level anyway (`translate::log_level`).
+pub async fn set_client_level(b: &Arc<Backend>, owner: &Owner, level: u8) {
+    if let Some(s) = super::session::existing(b, owner) {
+        set_level(b, &s, level, true).await;
+    }
 }
 
 #[cfg(test)]

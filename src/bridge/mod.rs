@@ -24,6 +24,10 @@
 //!   by the transport before it is written (`UpstreamError::Restarted`), so portico
 //!   re-initializes and retries it once. Server-initiated requests never reach the bridge there:
 //!   the stdio transport answers them itself (`ping` → `{}`, the rest → `-32601`, logged).
+//! - **2024-11-05 HTTP+SSE** (`transport = "sse"`, or found by the probe's fallback): the
+//!   transport is the stdio actor over an SSE link (`Backend::transport`), one event stream per
+//!   owner, so everything said of per-client stdio children holds; a stream that ends is a
+//!   restart (new generation, re-initialized, the request resent only if it was never written).
 //! - **Translation both ways**: reserved 2026 `_meta` keys are stripped going up; results coming
 //!   back get `resultType`, `ttlMs`/`cacheScope` (from config, default private), serverInfo, and
 //!   `-32002` becomes `-32602`.
@@ -135,9 +139,10 @@ async fn discover(
     b: &Arc<Backend>,
     owner: &Owner,
     id: &RequestId,
+    team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
 ) -> Result<Bridged, GatewayError> {
-    let s = match session_or_modern(b, owner, deadline).await {
+    let s = match session_or_modern(b, owner, team, deadline).await {
         Ok((_, s)) => s,
         Err(e) => return on_session_error(b, e).await,
     };
@@ -189,7 +194,9 @@ fn session_lost(
     status: StatusCode,
     messages: &MessageStream,
 ) -> bool {
-    if !matches!(b.upstream, Upstream::Http(_)) || s.id.is_none() || status != StatusCode::NOT_FOUND
+    if !matches!(b.transport(), Upstream::Http(_))
+        || s.id.is_none()
+        || status != StatusCode::NOT_FOUND
     {
         return false;
     }
@@ -222,7 +229,7 @@ pub async fn call(
     if method == "server/discover"
         && let Some(id) = client_id
     {
-        return discover(b, owner, id, deadline).await;
+        return discover(b, owner, id, team, deadline).await;
     }
     if method == "notifications/cancelled" {
         // Its requestId is in the client's id space; the step cancels the client's own call
@@ -232,7 +239,7 @@ pub async fn call(
     if method == "subscriptions/listen"
         && let Some(id) = client_id
     {
-        return listen::listen(b, owner, id, body, deadline).await;
+        return listen::listen(b, owner, id, body, team, deadline).await;
     }
     if let Some(id) = client_id
         && input::is_retry(method, body)
@@ -251,7 +258,7 @@ pub async fn call(
     // that much, and the call's stream carries its lines at or above it.
     let log_level = translate::log_level(body);
     for attempt in 0..2 {
-        let (slot, s) = match session_or_modern(b, owner, deadline).await {
+        let (slot, s) = match session_or_modern(b, owner, team, deadline).await {
             Ok(held) => held,
             Err(e) => return on_session_error(b, e).await,
         };
@@ -284,7 +291,7 @@ pub async fn call(
             backend: b.clone(),
             session: s.clone(),
             upstream_id,
-            armed: !matches!(b.upstream, Upstream::Stdio(_)),
+            armed: !matches!(b.transport(), Upstream::Stdio(_)),
             _slot: slot.clone(),
         };
         let reply = match send_raw(b, &s, up_body, client_headers, team, deadline).await {
@@ -340,7 +347,7 @@ async fn send_raw(
     team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
 ) -> Result<Reply, UpstreamError> {
-    match &b.upstream {
+    match b.transport() {
         Upstream::Http(up) => {
             let mut extra = base_headers();
             extra.push((h::names::PROTOCOL_VERSION, s.version.clone()));

@@ -12,7 +12,11 @@ use crate::backend::{Backend, Verdict};
 use crate::error::GatewayError;
 use crate::protocol::{LATEST_VERSION, LEGACY_VERSIONS, code};
 use crate::protocol::{discover_probe, discover_probe_headers};
+use crate::upstream::http::HttpUpstream;
+use crate::upstream::sse::SseTarget;
+use crate::upstream::stdio::StdioUpstream;
 use crate::upstream::{Upstream, UpstreamError};
+use std::sync::Arc;
 
 /// What a probe answer says about the server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +118,11 @@ async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
     if v != Verdict::Unknown {
         return Ok(v);
     }
+    if !matches!(b.transport(), Upstream::Http(_)) && matches!(b.upstream, Upstream::Http(_)) {
+        // The URL was found to serve HTTP+SSE before: that transport is initialize-era only.
+        b.set_verdict(Verdict::Legacy);
+        return Ok(Verdict::Legacy);
+    }
     let class = match &b.upstream {
         Upstream::Http(up) => {
             let req = up.request(
@@ -127,7 +136,11 @@ async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
                 .map_err(|e| upstream_err(b, &e))?;
             let status = reply.status.as_u16();
             let messages = collect(reply).await.unwrap_or_default();
-            classify_http(status, &messages)
+            let class = classify_http(status, &messages);
+            if class == Classification::Legacy && matches!(status, 400 | 404 | 405) {
+                sse_fallback(b, up).await;
+            }
+            class
         }
         Upstream::Stdio(s) => {
             let probe_deadline =
@@ -162,6 +175,35 @@ async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
     tracing::info!(backend = %b.name, verdict = ?verdict, "backend protocol probed");
     b.set_verdict(verdict);
     Ok(verdict)
+}
+
+/// How long the fallback waits for the `endpoint` event (at most `probe_timeout_ms`): an
+/// HTTP+SSE server sends it as the stream opens; a Streamable HTTP server that holds a GET open
+/// without a word must not hold up the first request longer.
+const SSE_PROBE_WAIT: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// A Streamable HTTP probe refused with 400/404/405 may mean the URL serves the 2024-11-05
+/// HTTP+SSE transport (docs/protocol.md §5): a GET with `Accept: text/event-stream` that
+/// opens a stream whose first event is `endpoint` says so, and from then on the backend's
+/// sessions are SSE sessions (`Backend::transport`). The probe's own stream is closed at once.
+async fn sse_fallback(b: &Backend, up: &Arc<HttpUpstream>) {
+    let Some(url) = b.cfg.url.as_deref() else {
+        return;
+    };
+    let Ok(target) = SseTarget::new(up.clone(), url) else {
+        return;
+    };
+    let wait = std::time::Duration::from_millis(b.cfg.probe_timeout_ms).min(SSE_PROBE_WAIT);
+    match crate::upstream::sse::connect_within(&target, wait).await {
+        Ok((conn, poster)) => {
+            drop((conn, poster));
+            tracing::info!(backend = %b.name, "the URL serves the 2024-11-05 HTTP+SSE transport; bridging it");
+            b.found_sse(StdioUpstream::new_sse(&b.cfg, Arc::new(target)));
+        }
+        Err(why) => {
+            tracing::debug!(backend = %b.name, %why, "no HTTP+SSE transport at the URL either")
+        }
+    }
 }
 
 /// Forgets the verdict (and any session) so the next request probes again: called when an

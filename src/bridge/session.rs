@@ -47,7 +47,7 @@ pub async fn session(
     owner: &Owner,
     deadline: Instant,
 ) -> Result<Arc<LegacySession>, GatewayError> {
-    match session_or_modern(b, owner, deadline).await {
+    match session_or_modern(b, owner, &[], deadline).await {
         Ok((_, s)) => Ok(s),
         Err(SessionError::Failed(e)) => Err(e),
         Err(SessionError::Modern(why)) => {
@@ -68,7 +68,7 @@ pub async fn open(
     owner: &Owner,
     deadline: Instant,
 ) -> Result<Option<(String, String)>, GatewayError> {
-    if !matches!(b.upstream, Upstream::Http(_)) {
+    if !matches!(b.transport(), Upstream::Http(_)) {
         return Ok(None);
     }
     let s = session(b, owner, deadline).await?;
@@ -80,7 +80,7 @@ pub async fn open(
 /// The slot an owner's requests use on `b`: its own, or for portico's traffic and on a
 /// `shared` stdio child the one slot everybody shares.
 fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
-    let shared_child = matches!(b.upstream, Upstream::Stdio(_))
+    let shared_child = matches!(b.transport(), Upstream::Stdio(_))
         && b.cfg.isolation() == crate::config::Isolation::Shared;
     if owner.portico || shared_child {
         OWN
@@ -90,16 +90,17 @@ fn slot_key(b: &Backend, owner: &Owner) -> OwnerKey {
 }
 
 /// A fresh slot: per-client stdio backends get a child of their own (started on first use).
-fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner) -> SessionSlot {
-    let child = match (&b.upstream, &b.cfg.command) {
-        (Upstream::Stdio(_), Some(cmd)) if *key != OWN => {
-            let child = Arc::new(StdioUpstream::new_owned(&b.cfg, cmd.clone()));
+fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner, team: &[Team]) -> SessionSlot {
+    let child = match b.transport() {
+        // A per-client child, or an HTTP+SSE backend's session of this owner alone.
+        Upstream::Stdio(s) if *key != OWN => s.owned_sibling(&b.cfg, team).map(|child| {
+            let child = Arc::new(child);
             forward_notes(b, &child);
-            Some(child)
-        }
+            child
+        }),
         _ => None,
     };
-    let adopt = match (&b.upstream, owner.sealed_for(&b.name)) {
+    let adopt = match (b.transport(), owner.sealed_for(&b.name)) {
         (Upstream::Http(_), Some((id, v))) => HeaderValue::from_str(id)
             .ok()
             .zip(HeaderValue::from_str(v).ok()),
@@ -138,7 +139,7 @@ pub(super) fn stdio_of<'a>(
     b: &'a Backend,
     child: Option<&'a Arc<StdioUpstream>>,
 ) -> Option<&'a StdioUpstream> {
-    match (child, &b.upstream) {
+    match (child, b.transport()) {
         (Some(c), _) => Some(c),
         (None, Upstream::Stdio(s)) => Some(s),
         _ => None,
@@ -147,16 +148,31 @@ pub(super) fn stdio_of<'a>(
 
 pub(super) type Held = Arc<Slot<SessionSlot>>;
 
+/// A team header (`team_headers`): the owner's team is part of its key, so a session made
+/// with them serves only callers of that team.
+pub(super) type Team = (http::HeaderName, HeaderValue);
+
+/// The owner's upstream session on `b`, if one is open (nothing is opened).
+pub(super) fn existing(b: &Backend, owner: &Owner) -> Option<Arc<LegacySession>> {
+    b.bridge
+        .pool
+        .get(&slot_key(b, owner))?
+        .value
+        .session
+        .load_full()
+}
+
 pub(super) async fn session_or_modern(
     b: &Arc<Backend>,
     owner: &Owner,
+    team: &[Team],
     deadline: Instant,
 ) -> Result<(Held, Arc<LegacySession>), SessionError> {
     let key = slot_key(b, owner);
     let (slot, evicted) = b
         .bridge
         .pool
-        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner));
+        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner, team));
     if key == OWN {
         slot.pin();
     }
@@ -250,7 +266,7 @@ pub(super) async fn close_slot(b: Arc<Backend>, slot: Held) {
 
 /// `DELETE`s an HTTP upstream session (bounded: 2 s).
 async fn delete_upstream(b: &Backend, id: Option<&HeaderValue>, version: &HeaderValue) {
-    let (Upstream::Http(up), Some(sid)) = (&b.upstream, id) else {
+    let (Upstream::Http(up), Some(sid)) = (b.transport(), id) else {
         return;
     };
     let mut req = up.request(
@@ -389,7 +405,7 @@ pub(super) async fn initialize(
         })
     };
     let stdio = stdio_of(b, child);
-    let (messages, session_id, generation, status) = match (&b.upstream, stdio) {
+    let (messages, session_id, generation, status) = match (b.transport(), stdio) {
         (Upstream::Http(up), _) => {
             let req = up.request(
                 &HeaderMap::new(),
@@ -441,7 +457,7 @@ pub(super) async fn initialize(
     }
     let version = HeaderValue::from_str(version).map_err(|_| fail("bad protocolVersion".into()))?;
     // notifications/initialized: the server must see it before anything else.
-    match (&b.upstream, stdio) {
+    match (b.transport(), stdio) {
         (Upstream::Http(up), _) => {
             let mut extra = base_headers();
             extra.push((h::names::PROTOCOL_VERSION, version.clone()));

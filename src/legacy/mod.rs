@@ -233,7 +233,7 @@ async fn in_session(
             let params = &v["params"];
             return match env.method.as_str() {
                 "logging/setLevel" => {
-                    notes::set_level(core, route, &owner, session, &id, params, deadline).await
+                    notes::set_level(core, route, &owner, session, &id, params).await
                 }
                 m => {
                     let on = m == "resources/subscribe";

@@ -285,7 +285,6 @@ pub(super) async fn set_level(
     session: &SessionData,
     id: &RequestId,
     params: &Value,
-    deadline: Instant,
 ) -> Result<Response<Body>, GatewayError> {
     let rank = params["level"]
         .as_str()
@@ -299,10 +298,8 @@ pub(super) async fn set_level(
             })?;
     client.level.store(rank + 1, Ordering::Relaxed);
     for b in backends(route) {
-        if b.verdict() == Verdict::Legacy
-            && let Err(error) = bridge::set_client_level(&b, owner, rank, deadline).await
-        {
-            tracing::info!(backend = %b.name, %error, "logging/setLevel not set upstream");
+        if b.verdict() == Verdict::Legacy {
+            bridge::set_client_level(&b, owner, rank).await;
         }
     }
     Ok(result(id, json!({})))

@@ -1026,7 +1026,7 @@ fn with_input_side(core: &Core, mut owner: Arc<bridge::Owner>) -> Arc<bridge::Ow
 /// Whether requests to `backend` travel on a shared upstream whose ids portico rewrites (a
 /// legacy session, a stdio child): where a client's cancel must be mapped to its own call.
 fn shared_upstream(backend: &Backend) -> bool {
-    match backend.upstream {
+    match backend.transport() {
         Upstream::Stdio(_) => true,
         Upstream::Http(_) => backend.verdict() != Verdict::Modern,
         Upstream::Builtin(_) => false,

@@ -14,6 +14,7 @@
 pub mod demo;
 pub mod h1;
 pub mod http;
+pub mod sse;
 pub mod stdio;
 
 use ::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -303,6 +304,7 @@ impl Upstream {
     pub fn kind(&self) -> &'static str {
         match self {
             Upstream::Http(_) => "http",
+            Upstream::Stdio(s) if s.is_sse() => "sse",
             Upstream::Stdio(_) => "stdio",
             Upstream::Builtin(_) => "builtin",
         }

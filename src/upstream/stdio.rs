@@ -1,5 +1,7 @@
 //! stdio upstreams: one child process per backend, speaking newline-delimited JSON-RPC on its
-//! stdin/stdout (the MCP stdio transport).
+//! stdin/stdout (the MCP stdio transport). The same actor drives a 2024-11-05 HTTP+SSE session
+//! (`sse.rs`): its event stream in place of stdout, POSTs in place of stdin, a new session in
+//! place of a restart — everything above the link (ids, progress, server requests) is shared.
 //!
 //! Shape: [`StdioUpstream`] is a cheap handle. On first use it spawns one actor task
 //! (`Actor::run`) that owns the child and everything about it: a `select!` over the command
@@ -40,6 +42,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 use tracing::{debug, info, warn};
 
+use super::sse::{SseConn, SseTarget};
 use super::{CallClock, MessageStream, Reply, UpstreamError};
 use crate::config::BackendConfig;
 use crate::protocol::{code, first_byte, status_for_code};
@@ -115,6 +118,8 @@ pub struct StdioUpstream {
     /// messages; and `max_call_ms` ([`CallClock`]).
     timeout: Duration,
     max_call: Option<Duration>,
+    /// The link is a 2024-11-05 HTTP+SSE session instead of a child process (`sse.rs`).
+    sse: Option<Arc<SseTarget>>,
 }
 
 impl StdioUpstream {
@@ -141,6 +146,7 @@ impl StdioUpstream {
             backlog: VecDeque::new(),
             warnings: super::WarnBudget::new(cfg.name.as_str().into()),
             owned: false,
+            sse: None,
         };
         StdioUpstream {
             name: cfg.name.clone(),
@@ -151,6 +157,53 @@ impl StdioUpstream {
             next_id: AtomicU64::new(1),
             timeout: Duration::from_millis(cfg.timeout_ms),
             max_call: Some(cfg.max_call()),
+            sse: None,
+        }
+    }
+
+    /// A backend reached over the 2024-11-05 HTTP+SSE transport: the same actor, whose link
+    /// is an event stream and POSTs instead of a child's pipes (one stream = one session).
+    pub fn new_sse(cfg: &BackendConfig, target: Arc<SseTarget>) -> StdioUpstream {
+        let mut up = StdioUpstream::new(cfg, Vec::new());
+        if let Some(actor) = up
+            .idle
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            actor.sse = Some(target.clone());
+        }
+        up.sse = Some(target);
+        up
+    }
+
+    /// Whether the link is an HTTP+SSE session rather than a child process.
+    pub fn is_sse(&self) -> bool {
+        self.sse.is_some()
+    }
+
+    /// A link of the same kind for one client alone (`isolation = "per_client"`, and every
+    /// HTTP+SSE backend: a session's state is its client's).
+    /// `team`: the owner's team headers, sent on an SSE session's GET and POSTs.
+    pub fn owned_sibling(
+        &self,
+        cfg: &BackendConfig,
+        team: &[(http::HeaderName, http::HeaderValue)],
+    ) -> Option<StdioUpstream> {
+        match (&self.sse, &cfg.command) {
+            (Some(t), _) => {
+                let up = StdioUpstream::new_sse(cfg, Arc::new(t.with_headers(team)));
+                up.set_owned();
+                Some(up)
+            }
+            (None, Some(cmd)) => Some(StdioUpstream::new_owned(cfg, cmd.clone())),
+            (None, None) => None,
+        }
+    }
+
+    fn set_owned(&self) {
+        if let Some(actor) = self.idle.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            actor.owned = true;
         }
     }
 
@@ -158,9 +211,7 @@ impl StdioUpstream {
     /// a call go to that client's newest call in flight.
     pub fn new_owned(cfg: &BackendConfig, command: Vec<String>) -> StdioUpstream {
         let up = StdioUpstream::new(cfg, command);
-        if let Some(actor) = up.idle.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-            actor.owned = true;
-        }
+        up.set_owned();
         up
     }
 
@@ -543,6 +594,14 @@ struct Actor {
     /// The child serves one client (`isolation = "per_client"`): any call in flight is that
     /// client's, so a server request can go to the newest one.
     owned: bool,
+    /// An HTTP+SSE session instead of a child (`sse.rs`).
+    sse: Option<Arc<SseTarget>>,
+}
+
+/// What the actor talks to.
+enum Link {
+    Child(Child),
+    Sse(SseConn, Writer),
 }
 
 type Writer = mpsc::UnboundedSender<Bytes>;
@@ -556,21 +615,19 @@ impl Actor {
                 self.status.send_modify(|s| s.restarts += 1);
             }
             first = false;
-            let end = match self.spawn() {
-                Ok(child) => {
+            let end = match self.open().await {
+                Ok(link) => {
                     let started = Instant::now();
-                    let end = self.session(child).await;
+                    let end = match link {
+                        Link::Child(child) => self.session(child).await,
+                        Link::Sse(conn, out) => self.sse_session(conn, out).await,
+                    };
                     if started.elapsed() >= STABLE_AFTER {
                         backoff = INITIAL_BACKOFF;
                     }
                     end
                 }
-                Err(error) => {
-                    let msg = format!("cannot start stdio server {:?}: {error}", self.program);
-                    let program = &self.program;
-                    warn!(backend = %self.name, %error, %program, "cannot start stdio server");
-                    self.refuse_waiting(msg)
-                }
+                Err(msg) => self.refuse_waiting(msg),
             };
             let why = match end {
                 End::Stop(ack) => {
@@ -583,8 +640,13 @@ impl Actor {
             };
             let restarts = self.status.borrow().restarts;
             let backoff_ms = backoff.as_millis() as u64;
-            warn!(backend = %self.name, reason = %why, restarts, backoff_ms,
-                "stdio server is down; restarting after backoff");
+            if self.sse.is_some() {
+                warn!(backend = %self.name, reason = %why, restarts, backoff_ms,
+                    "SSE session ended; opening a new one after backoff");
+            } else {
+                warn!(backend = %self.name, reason = %why, restarts, backoff_ms,
+                    "stdio server is down; restarting after backoff");
+            }
             if !self.wait_backoff(Instant::now() + backoff).await {
                 return;
             }
@@ -607,6 +669,78 @@ impl Actor {
                 Cmd::Shutdown(ack) => end = End::Stop(ack),
                 Cmd::Notify(_) | Cmd::Cancel { .. } => {}
             }
+        }
+        end
+    }
+
+    /// Starts the link: spawns the child, or opens an SSE session (bounded by `timeout_ms`).
+    async fn open(&self) -> Result<Link, String> {
+        if let Some(t) = &self.sse {
+            return match super::sse::connect(t).await {
+                Ok((conn, out)) => Ok(Link::Sse(conn, out)),
+                Err(why) => {
+                    warn!(backend = %self.name, %why, "cannot open the SSE session");
+                    Err(format!("cannot open the SSE session: {why}"))
+                }
+            };
+        }
+        self.spawn().map(Link::Child).map_err(|error| {
+            let program = &self.program;
+            warn!(backend = %self.name, %error, %program, "cannot start stdio server");
+            format!("cannot start stdio server {program:?}: {error}")
+        })
+    }
+
+    /// Runs one HTTP+SSE session until its stream ends, a POST fails or portico stops it;
+    /// fails whatever is still in flight (the next session is a new generation).
+    async fn sse_session(&mut self, mut conn: SseConn, out: Writer) -> End {
+        let mut dead = std::mem::replace(&mut conn.dead, mpsc::unbounded_channel().1);
+        self.status.send_modify(|s| {
+            s.up = true;
+            s.generation += 1;
+            s.pid = None;
+        });
+        let generation = self.status.borrow().generation;
+        info!(backend = %self.name, generation, "SSE session opened");
+        let mut end = None;
+        for cmd in std::mem::take(&mut self.backlog) {
+            end = end.or(self.command(cmd, &out, generation));
+        }
+        let end = match end {
+            Some(end) => end,
+            None => loop {
+                tokio::select! {
+                    cmd = self.rx.recv() => match cmd {
+                        None => break End::Stop(None),
+                        Some(cmd) => {
+                            if let Some(end) = self.command(cmd, &out, generation) {
+                                break end;
+                            }
+                        }
+                    },
+                    msg = conn.next_message() => match msg {
+                        Ok(Some(m)) => self.on_stdout(Line::Text(m.to_vec()), &out),
+                        Ok(None) => break End::Exited("the SSE stream ended".into()),
+                        Err(why) => break End::Exited(why),
+                    },
+                    why = dead.recv() => break End::Exited(
+                        why.unwrap_or_else(|| "the SSE poster stopped".into())
+                    ),
+                }
+            },
+        };
+        drop(out);
+        drop(conn);
+        self.status.send_modify(|s| {
+            s.up = false;
+            s.pid = None;
+        });
+        let err = UpstreamError::Closed(match &end {
+            End::Exited(why) => format!("SSE session ended: {why}"),
+            End::Stop(_) => "SSE backend is shutting down".into(),
+        });
+        for (_, p) in self.pending.drain() {
+            p.finish(Err(err.clone()));
         }
         end
     }

@@ -11,6 +11,7 @@ mod input;
 mod legacy;
 mod listen;
 mod notes;
+mod sse;
 mod stdio;
 
 use serde_json::Value;

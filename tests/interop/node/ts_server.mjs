@@ -1,7 +1,11 @@
 // Interop fixture: an MCP server built on the official TypeScript SDK v1 (@modelcontextprotocol/sdk 1.32.2).
 // Entry point is ../ts_server.mjs (this file lives next to node_modules so bare imports resolve).
 //
-//   --transport http|stdio   default http; HTTP serves POST/GET/DELETE /mcp and GET /stats
+//   --transport http|stdio|sse   default http; HTTP serves POST/GET/DELETE /mcp and GET /stats;
+//                            sse is the 2024-11-05 HTTP+SSE transport (SSEServerTransport): GET /sse opens
+//                            a session (its `endpoint` event names POST /messages?sessionId=...); /stats
+//                            then also reports `sse: {opened, open}` sessions; the `hangup` tool ends its
+//                            own session's stream mid-call (never answers)
 //   --json                   enableJsonResponse: true (JSON bodies instead of SSE; progress is then dropped)
 //   --stateless              sessionIdGenerator: undefined, a fresh server+transport per request
 //   --host H                 bind address (default 127.0.0.1)
@@ -16,6 +20,7 @@ import { parseArgs } from 'node:util';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
+import { SSEServerTransport } from '@modelcontextprotocol/sdk/server/sse.js';
 import {
   isInitializeRequest, ElicitResultSchema, CreateMessageResultSchema, ListRootsResultSchema,
   SubscribeRequestSchema, UnsubscribeRequestSchema,
@@ -45,7 +50,7 @@ process.on('unhandledRejection', (e) => log('unhandled rejection:', e?.message ?
 // before the SDK validates headers/sessions); dispatched: requests the transport handed to the
 // McpServer; http: raw hits on /mcp by HTTP method.
 // slow: outcomes of the `slow` tool (cancelled = the SDK aborted the handler's signal).
-const stats = { requests: {}, notifications: {}, dispatched: {}, http: {}, slow: { started: 0, completed: 0, cancelled: 0 } };
+const stats = { requests: {}, notifications: {}, dispatched: {}, http: {}, slow: { started: 0, completed: 0, cancelled: 0 }, sse: { opened: 0, open: 0 } };
 const bump = (m, k) => { m[k] = (m[k] || 0) + 1; };
 function countMessage(msg) {
   if (!msg || typeof msg !== 'object' || typeof msg.method !== 'string') return;
@@ -178,6 +183,15 @@ function buildServer() {
 
   if (opts['input-tools']) registerInputTools(server);
 
+  // SSE mode: ends the caller's own session stream mid-call and never answers.
+  if (opts.transport === 'sse') server.registerTool('hangup', { description: "End this session's SSE stream mid-call", inputSchema: {} },
+    async (_args, extra) => {
+      const t = sseTransports.get(extra.sessionId);
+      setTimeout(() => t?.close().catch(() => {}), 50);
+      await sleep(60000);
+      return text('still here');
+    });
+
   server.registerResource('greeting', 'demo://greeting', { mimeType: 'text/plain', description: 'A greeting' },
     async (uri) => ({ contents: [{ uri: uri.href, mimeType: 'text/plain', text: 'hello from typescript' }] }));
 
@@ -304,6 +318,65 @@ async function runHttp() {
   process.on('SIGINT', shutdown);
 }
 
+// ---- 2024-11-05 HTTP+SSE ----
+const sseTransports = new Map(); // sessionId -> SSEServerTransport
+
+async function runSse() {
+  const httpServer = http.createServer(async (req, res) => {
+    try {
+      const url = new URL(req.url, 'http://x');
+      if (url.pathname === '/stats' && req.method === 'GET') return sendJson(res, 200, stats);
+      if (url.pathname === '/sse' && req.method === 'GET') {
+        bump(stats.http, 'GET');
+        const transport = new SSEServerTransport('/messages', res);
+        sseTransports.set(transport.sessionId, transport);
+        stats.sse.opened += 1;
+        stats.sse.open += 1;
+        let closed = false;
+        const gone = () => {
+          if (closed) return;
+          closed = true;
+          sseTransports.delete(transport.sessionId);
+          stats.sse.open -= 1;
+        };
+        res.on('close', gone);
+        const server = buildServer();
+        await connect(server, transport);
+        const onclose = transport.onclose;
+        transport.onclose = () => { gone(); onclose?.(); };
+        return;
+      }
+      if (url.pathname === '/messages' && req.method === 'POST') {
+        bump(stats.http, 'POST');
+        const raw = await readBody(req);
+        let body;
+        try { body = JSON.parse(raw); } catch { return sendJson(res, 400, { error: 'bad json' }); }
+        countMessage(body);
+        const t = sseTransports.get(url.searchParams.get('sessionId'));
+        if (!t) return sendJson(res, 404, { error: 'Session not found' });
+        return await t.handlePostMessage(req, res, body);
+      }
+      sendJson(res, 404, { error: 'not found' });
+    } catch (e) {
+      log('request failed:', e?.stack || e);
+      if (!res.headersSent) sendJson(res, 500, { error: 'internal' });
+    }
+  });
+  httpServer.listen(Number(opts.port), opts.host, () => {
+    process.stdout.write(`LISTENING ${httpServer.address().port}\n`);
+    log(`listening (sse) on ${opts.host}:${httpServer.address().port}`);
+  });
+  const shutdown = () => {
+    for (const t of sseTransports.values()) t.close().catch(() => {});
+    httpServer.closeAllConnections?.();
+    httpServer.close(() => process.exit(0));
+    setTimeout(() => process.exit(0), 500).unref();
+  };
+  process.on('SIGTERM', shutdown);
+  process.on('SIGINT', shutdown);
+}
+
 if (opts.transport === 'stdio') await runStdio();
+else if (opts.transport === 'sse') await runSse();
 else if (opts.transport === 'http') await runHttp();
 else { log(`unknown --transport ${opts.transport}`); process.exit(2); }
