@@ -149,3 +149,16 @@ async fn a_modern_clients_log_level_reaches_the_typescript_server() {
     assert!(call(3, None).await.is_empty());
     gw.stop().await;
 }
+
+/// The TypeScript SDK's 2024-11-05 HTTP+SSE server (issue #20 item 9): each legacy client has
+/// an SSE session of its own upstream, whose notifications and log lines reach that client's
+/// GET stream alone.
+#[tokio::test]
+async fn typescript_client_to_the_typescript_server_over_sse() {
+    let ts = ts_server(&["--transport", "sse"]).await;
+    let backend = format!(
+        "url = \"http://127.0.0.1:{}/sse\"\ntransport = \"sse\"\n",
+        ts.port
+    );
+    subscribe_and_log(&backend, "typescript sse", true).await;
+}
