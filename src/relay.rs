@@ -62,7 +62,9 @@ pub struct Call {
 
 /// Whether a message is an `input_required` result.
 fn input_required(msg: &[u8]) -> Option<Value> {
-    if !crate::protocol::contains(msg, b"\"input_required\"") {
+    static INPUT_REQUIRED: crate::protocol::Needle =
+        crate::protocol::Needle::new(|| memchr::memmem::Finder::new(b"\"input_required\""));
+    if !INPUT_REQUIRED.is_in(msg) {
         return None;
     }
     let v: Value = serde_json::from_slice(msg).ok()?;

@@ -182,7 +182,9 @@ struct ServerRequest {
 fn server_request(msg: &[u8]) -> Option<ServerRequest> {
     // Most messages of a call's stream are its response (and progress): skip parsing those
     // that cannot be a request (`from_legacy` parses each message once anyway).
-    if !crate::protocol::contains(msg, b"\"method\"") {
+    static METHOD: crate::protocol::Needle =
+        crate::protocol::Needle::new(|| memchr::memmem::Finder::new(b"\"method\""));
+    if !METHOD.is_in(msg) {
         return None;
     }
     let v: Value = serde_json::from_slice(msg).ok()?;
@@ -479,8 +481,10 @@ fn base64_id(bytes: &[u8]) -> String {
 /// Whether a request is a retry of a call portico parked: it carries `requestState` (a
 /// legacy server never issues one, so on a bridged call every `requestState` is portico's).
 pub(super) fn is_retry(method: &str, body: &[u8]) -> bool {
+    static REQUEST_STATE: crate::protocol::Needle =
+        crate::protocol::Needle::new(|| memchr::memmem::Finder::new(b"\"requestState\""));
     if !matches!(method, "tools/call" | "prompts/get" | "resources/read")
-        || !crate::protocol::contains(body, b"\"requestState\"")
+        || !REQUEST_STATE.is_in(body)
     {
         return false;
     }

@@ -44,7 +44,9 @@ pub(super) struct Mapping {
 
 /// The rank of a 2026 request's `_meta` `logLevel`, if it set a valid one.
 pub(super) fn log_level(body: &[u8]) -> Option<u8> {
-    if !crate::protocol::contains(body, b"logLevel") {
+    static LOG_LEVEL: crate::protocol::Needle =
+        crate::protocol::Needle::new(|| memchr::memmem::Finder::new(b"logLevel"));
+    if !LOG_LEVEL.is_in(body) {
         return None; // cheap skip: most requests carry none
     }
     let v: Value = serde_json::from_slice(body).ok()?;

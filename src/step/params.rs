@@ -174,7 +174,9 @@ fn fetch_tools<'a>(
 /// Whether a JSON-RPC response is a `-32020` (a header the server found missing or wrong).
 pub(super) fn is_header_mismatch(message: &[u8]) -> bool {
     // Nearly every answer is no such error: parse only those that could be.
-    protocol::contains(message, b"-32020")
+    static MISMATCH: protocol::Needle =
+        protocol::Needle::new(|| memchr::memmem::Finder::new(b"-32020"));
+    MISMATCH.is_in(message)
         && serde_json::from_slice::<Value>(message)
             .ok()
             .and_then(|v| v["error"]["code"].as_i64())
