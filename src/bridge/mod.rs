@@ -356,9 +356,16 @@ async fn send_raw(
             }
             // Only trace context travels with bridged requests; the 2026 mirror headers would
             // contradict the legacy session.
-            for name in ["traceparent", "tracestate", "baggage"] {
+            // Names, not strings: a lookup by string parses the name first (callgrind: ~300
+            // instructions each, on every bridged request).
+            const TRACE_CONTEXT: [HeaderName; 3] = [
+                crate::telemetry::TRACEPARENT,
+                HeaderName::from_static("tracestate"),
+                HeaderName::from_static("baggage"),
+            ];
+            for name in &TRACE_CONTEXT {
                 if let Some(v) = client_headers.get(name) {
-                    extra.push((HeaderName::from_static(name), v.clone()));
+                    extra.push((name.clone(), v.clone()));
                 }
             }
             extra.extend_from_slice(team);
