@@ -39,7 +39,7 @@ use tokio::time::Instant;
 
 use super::send_raw;
 use super::translate::{CancelGuard, Mapping, Translated, from_legacy, modernize_result};
-use crate::backend::Backend;
+use crate::backend::{Backend, LegacySession};
 use crate::error::GatewayError;
 use crate::pool::OwnerKey;
 use crate::protocol::{RequestId, code, is_response};
@@ -172,6 +172,22 @@ pub(super) struct Flow {
     pub(super) io: FlowIo,
 }
 
+/// Writes `body` (an answer to one of the server's requests, or a notification) into the
+/// session, bounded by the backend's `timeout_ms`. A failure is only logged: the server's
+/// request then runs into its own timeout, and nobody else is waiting on the write.
+async fn to_server(
+    backend: &Backend,
+    session: &LegacySession,
+    body: Bytes,
+    team: &[(HeaderName, HeaderValue)],
+    what: &str,
+) {
+    let deadline = Instant::now() + backend.timeout;
+    if let Err(error) = send_raw(backend, session, body, &HeaderMap::new(), team, deadline).await {
+        tracing::info!(backend = %backend.name, %error, "could not deliver {what} to the server");
+    }
+}
+
 /// A server request seen on the stream.
 struct ServerRequest {
     id: Value,
@@ -296,19 +312,7 @@ impl Flow {
                             error_to_server(&req.id, code::INTERNAL_ERROR, &msg)
                         }
                     };
-                    let deadline = Instant::now() + backend.timeout;
-                    if let Err(error) = send_raw(
-                        &backend,
-                        &session,
-                        answer,
-                        &HeaderMap::new(),
-                        &team,
-                        deadline,
-                    )
-                    .await
-                    {
-                        tracing::info!(backend = %backend.name, %error, "could not deliver an answer to the server");
-                    }
+                    to_server(&backend, &session, answer, &team, "an answer").await;
                 });
                 Next::Yield(Bytes::from(relayed.to_string()))
             }
@@ -321,8 +325,7 @@ impl Flow {
         let session = self.guard.session.clone();
         let team = self.io.team.clone();
         tokio::spawn(async move {
-            let deadline = Instant::now() + backend.timeout;
-            let _ = send_raw(&backend, &session, body, &HeaderMap::new(), &team, deadline).await;
+            to_server(&backend, &session, body, &team, "a message").await;
         });
     }
 }
@@ -383,11 +386,14 @@ impl Parked {
         );
         for (_, id, _) in &self.waiting {
             let body = error_to_server(id, code::INTERNAL_ERROR, &msg);
-            let deadline = Instant::now() + b.timeout;
-            let team = &self.flow.io.team;
-            if let Err(error) = send_raw(&b, &s, body, &HeaderMap::new(), team, deadline).await {
-                tracing::info!(backend = %b.name, %error, "could not tell the server its request expired");
-            }
+            to_server(
+                &b,
+                &s,
+                body,
+                &self.flow.io.team,
+                "the expiry of its request",
+            )
+            .await;
         }
     }
 }
@@ -637,20 +643,14 @@ pub(super) async fn resume(
             Some(resp) => {
                 let answer =
                     Bytes::from(json!({"jsonrpc":"2.0","id":id,"result":resp}).to_string());
-                let deadline = Instant::now() + backend.timeout;
-                let team = p.flow.io.team.clone();
-                if let Err(error) = send_raw(
+                to_server(
                     &backend,
                     &session,
                     answer,
-                    &HeaderMap::new(),
-                    &team,
-                    deadline,
+                    &p.flow.io.team,
+                    "an input response",
                 )
-                .await
-                {
-                    tracing::info!(backend = %backend.name, %error, "could not deliver an input response");
-                }
+                .await;
             }
             None => still.push((key, id, req)),
         }

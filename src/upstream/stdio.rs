@@ -695,17 +695,8 @@ impl Actor {
     /// fails whatever is still in flight (the next session is a new generation).
     async fn sse_session(&mut self, mut conn: SseConn, out: Writer) -> End {
         let mut dead = std::mem::replace(&mut conn.dead, mpsc::unbounded_channel().1);
-        self.status.send_modify(|s| {
-            s.up = true;
-            s.generation += 1;
-            s.pid = None;
-        });
-        let generation = self.status.borrow().generation;
+        let (generation, end) = self.begin_session(None, &out);
         info!(backend = %self.name, generation, "SSE session opened");
-        let mut end = None;
-        for cmd in std::mem::take(&mut self.backlog) {
-            end = end.or(self.command(cmd, &out, generation));
-        }
         let end = match end {
             Some(end) => end,
             None => loop {
@@ -794,18 +785,8 @@ impl Actor {
         tokio::spawn(log_stderr(stderr, self.name.clone()));
         let mut stdout = LineReader::new(stdout, self.max_line);
         let pid = child.id();
-        self.status.send_modify(|s| {
-            s.up = true;
-            s.generation += 1;
-            s.pid = pid;
-        });
-        let generation = self.status.borrow().generation;
+        let (generation, end) = self.begin_session(pid, &out);
         info!(backend = %self.name, pid, generation, "stdio server started");
-
-        let mut end = None;
-        for cmd in std::mem::take(&mut self.backlog) {
-            end = end.or(self.command(cmd, &out, generation));
-        }
         let end = match end {
             Some(end) => end,
             None => loop {
@@ -858,6 +839,23 @@ impl Actor {
             p.finish(Err(err.clone()));
         }
         end
+    }
+
+    /// A session (child or SSE connection) is up: the status says so under a new generation,
+    /// and what was asked while none ran is sent. The generation, and the end a replayed
+    /// command asked for.
+    fn begin_session(&mut self, pid: Option<u32>, out: &Writer) -> (u64, Option<End>) {
+        self.status.send_modify(|s| {
+            s.up = true;
+            s.generation += 1;
+            s.pid = pid;
+        });
+        let generation = self.status.borrow().generation;
+        let mut end = None;
+        for cmd in std::mem::take(&mut self.backlog) {
+            end = end.or(self.command(cmd, out, generation));
+        }
+        (generation, end)
     }
 
     fn command(&mut self, cmd: Cmd, out: &Writer, generation: u64) -> Option<End> {
