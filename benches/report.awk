@@ -43,8 +43,11 @@ function baseline(kind, method, c,    b) {
 
 function ratio(kind, t, c,    b) {
     b = baseline(kind, method_of[t], c)
-    # Targets against the Python SDK server compare with that server, not the bench backend.
-    if (t ~ /-py/) { b = (kind == "direct" && (("direct-py", c) in med_rps)) ? "direct-py" : ""; dagger = "" }
+    # Targets against another backend compare with that backend's own direct / nginx targets.
+    if (t ~ /-hyper$/) { b = kind "-hyper"; dagger = "" }
+    else if (t ~ /-py-call$/) { b = kind "-py-call"; dagger = "" }
+    else if (t ~ /-py/) { b = (kind == "direct" && (("direct-py", c) in med_rps)) ? "direct-py" : ""; dagger = "" }
+    if (!((b, c) in med_rps)) b = ""
     if (b == "" || med_rps[b, c] <= 0) return "–"
     return sprintf("%.2f×%s", med_rps[t, c] / med_rps[b, c], dagger)
 }
@@ -72,6 +75,26 @@ END {
         lo = v1[1]; hi = v1[1]
         for (i = 2; i <= cnt; i++) { if (v1[i] < lo) lo = v1[i]; if (v1[i] > hi) hi = v1[i] }
         spread[key] = (med_rps[key] > 0 && cnt > 1) ? sprintf("%.1f%%", 100 * (hi - lo) / med_rps[key]) : "–"
+    }
+    if (section == "backends") {
+        # Pass-through on each backend: portico against nginx, and what each adds to the
+        # backend's own p50 (direct), from the same run.
+        nb = split("bench hyper py-call", fams, " ")
+        print "| backend | c | portico req/s | nginx req/s | portico × nginx | portico +p50 over direct | nginx +p50 over direct |"
+        print "|---|---:|---:|---:|---:|---:|---:|"
+        for (f = 1; f <= nb; f++) {
+            sfx = (fams[f] == "bench") ? "" : "-" fams[f]
+            for (j = 1; j <= nc; j++) {
+                c = cs[j]
+                p = "portico" sfx; x = "nginx" sfx; d = "direct" sfx
+                if (!((p, c) in med_rps) || !((x, c) in med_rps)) continue
+                dp = ((d, c) in med_p50) ? sprintf("%+d µs", med_p50[p, c] - med_p50[d, c]) : "–"
+                dx = ((d, c) in med_p50) ? sprintf("%+d µs", med_p50[x, c] - med_p50[d, c]) : "–"
+                printf "| %s | %s | %s | %s | %.2f× | %s | %s |\n", fams[f], c, rate(med_rps[p, c]), \
+                    rate(med_rps[x, c]), (med_rps[x, c] > 0) ? med_rps[p, c] / med_rps[x, c] : 0, dp, dx
+            }
+        }
+        exit
     }
     if (section == "rounds") {
         hdr = "| target | c |"; sep = "|---|---:|"

@@ -23,8 +23,8 @@ ROUNDS=${ROUNDS:-$_rounds}                 # measured rounds per (target, concur
 DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
-DEFAULT_TARGETS="direct nginx portico portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy portico-legacy-base direct-py portico-py-cache"
+DEFAULT_TARGETS="direct nginx portico direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy portico-legacy-base direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -45,6 +45,7 @@ KEEP_TMP=${KEEP_TMP:-0}                    # 1: keep configs and logs of the run
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 PORTICO_BIN=${PORTICO_BIN:-$TARGET_DIR/release/portico}
 BACKEND_BIN=${BACKEND_BIN:-$TARGET_DIR/release/examples/bench_backend}
+HYPER_BIN=${HYPER_BIN:-$TARGET_DIR/release/examples/hyper_backend}
 BASE_BIN=${BASE_BIN:-}                     # target portico-base: another portico build (e.g. before a change)
 
 say() { printf '%s\n' "$*" >&2; }
@@ -58,25 +59,35 @@ declare -A T_SERVER=(
     [portico-redis]=redis
     [portico-agg]=agg [portico-legacy]=legacy [portico-legacy-base]=legacybase
     [direct-py]=py [portico-py-cache]=pycache
+    [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
+    [direct-py-call]=py [nginx-py-call]=nginxp [portico-py-call]=passp
 )
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
     [portico]=tools/call [portico-base]=tools/call [portico-trace1]=tools/call [portico-trace001]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
     [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list
     [portico-legacy]=tools/call [portico-legacy-base]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
+    [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
+    [direct-py-call]=tools/call [nginx-py-call]=tools/call [portico-py-call]=tools/call
 )
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
     [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-trace1]=/mcp/bench [portico-trace001]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
     [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp
     [portico-legacy]=/mcp/legacy [portico-legacy-base]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
+    [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
+    [direct-py-call]=/mcp [nginx-py-call]=/mcp [portico-py-call]=/mcp/py
 )
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
     [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-trace1]=b1 [portico-trace001]=b1 [portico-list]=b1
     [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
     [direct-py]=py [portico-py-cache]=py
+    [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
+    [direct-py-call]=py [nginx-py-call]=py [portico-py-call]=py
 )
+# Every portico instance the script can start (one process per configuration).
+INSTANCES="pass base trace1 trace001 verify cache redis agg legacy legacybase passh passp pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -124,6 +135,7 @@ if [[ $NO_BUILD != 1 ]]; then
 fi
 [[ -x $PORTICO_BIN ]] || die "no portico binary at $PORTICO_BIN"
 [[ -x $BACKEND_BIN ]] || die "no bench backend binary at $BACKEND_BIN"
+if wants hb || wants passh; then [[ -x $HYPER_BIN ]] || die "no hyper backend binary at $HYPER_BIN"; fi
 if wants base || wants legacybase; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base and portico-legacy-base need BASE_BIN=<another portico binary>"; fi
 
 # ---------------------------------------------------------------- processes
@@ -272,7 +284,15 @@ EOF
         done
         printf '[[endpoints]]\npath = "/mcp"\nbackends = ["b1", "b2", "b3"]\n'
         ;;
-    pycache)
+    passh)
+        cat <<EOF
+[[backends]]
+name = "hyper"
+url = "http://127.0.0.1:${PORT[hb]}/mcp"
+protocol = "modern"
+EOF
+        ;;
+    pycache | passp)
         cat <<EOF
 [[backends]]
 name = "py"
@@ -312,17 +332,36 @@ start_nginx() {
     local dir=$TMP/nginx
     mkdir -p "$dir"
     pick_port; PORT[nginx]=$FREE_PORT
+    # One nginx, one worker, a server block per backend: the same proxy config in front of
+    # each (only one target is loaded at a time).
+    local extra=$dir/extra.conf b
+    : >"$extra"
+    for b in hb py; do
+        [[ -n ${PORT[$b]:-} ]] || continue
+        pick_port; PORT[nginx$b]=$FREE_PORT
+        sed -n '/^    upstream mcp_backend {/,/^    }/p; /^    server {/,/^    }/p' "$BENCHES/nginx.conf.tmpl" \
+            | sed -e "s|mcp_backend|mcp_$b|g" -e "s|@LISTEN_PORT@|${PORT[nginx$b]}|g" \
+                -e "s|@BACKEND_PORT@|${PORT[$b]}|g" >>"$extra"
+    done
+    [[ -n ${PORT[nginxhb]:-} ]] && PORT[nginxh]=${PORT[nginxhb]}
+    [[ -n ${PORT[nginxpy]:-} ]] && PORT[nginxp]=${PORT[nginxpy]}
     sed -e "s|@WORKERS@|$WORKERS|g" -e "s|@PREFIX@|$dir|g" \
-        -e "s|@LISTEN_PORT@|$FREE_PORT|g" -e "s|@BACKEND_PORT@|${PORT[b1]}|g" \
+        -e "s|@LISTEN_PORT@|${PORT[nginx]}|g" -e "s|@BACKEND_PORT@|${PORT[b1]}|g" \
+        -e "\|# @EXTRA_SERVERS@|r $extra" \
         "$BENCHES/nginx.conf.tmpl" >"$dir/nginx.conf"
+    [[ -n ${PORT[nginxh]:-} ]] || DOWN[nginxh]=${DOWN[hb]:-"no hyper backend"}
+    [[ -n ${PORT[nginxp]:-} ]] || DOWN[nginxp]=${DOWN[py]:-"no Python SDK server"}
     if ! "$NGINX" -t -q -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" >"$TMP/nginx.check" 2>&1; then
         DOWN[nginx]="nginx config rejected: $(last_err "$TMP/nginx.check")"
+        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]}
         return 1
     fi
     start nginx "$NGINX" -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf"
     NGINX_MASTER=${PID[nginx]}
-    if ! wait_port "$FREE_PORT" "$NGINX_MASTER" 10; then
+    PID[nginxh]=$NGINX_MASTER PID[nginxp]=$NGINX_MASTER
+    if ! wait_port "${PORT[nginx]}" "$NGINX_MASTER" 10; then
         DOWN[nginx]="nginx did not start: $(last_err "$TMP/nginx.err") $(last_err "$dir/error.log")"
+        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]}
         return 1
     fi
     sleep 0.2
@@ -437,7 +476,21 @@ if wants agg; then start_backend b2 --name bench-b2; start_backend b3 --name ben
 # The span sink of the traced instances: another bench backend (it answers any POST with 200).
 if wants trace1 || wants trace001; then start_backend sink --name bench-sink; fi
 if wants legacy || wants legacybase; then start_backend bl --legacy --name bench-legacy; fi
-if wants py || wants pycache; then
+if wants hb || wants nginxh || wants passh; then
+    # The second Rust backend: a plain hyper server (examples/hyper_backend.rs), untuned.
+    start hb "$HYPER_BIN" --port 0
+    for _ in $(seq 200); do
+        if grep -q '^LISTENING ' "$TMP/hb.out" 2>/dev/null; then
+            PORT[hb]=$(awk '/^LISTENING /{print $2; exit}' "$TMP/hb.out")
+            IDLE_RSS[hb]=$(status_kb "${PID[hb]}" VmRSS)
+            break
+        fi
+        alive "${PID[hb]}" || break
+        sleep 0.05
+    done
+    [[ -n ${PORT[hb]:-} ]] || DOWN[hb]="hyper backend did not start: $(last_err "$TMP/hb.err")"
+fi
+if wants py || wants pycache || wants nginxp || wants passp; then
     # The official Python SDK server (tests/interop), a realistic backend: ttlMs 60 s, public.
     if "$ROOT/tests/interop/setup.sh" >"$TMP/py-setup.log" 2>&1; then
         start py "$ROOT/tests/interop/.venv/bin/python" "$ROOT/tests/interop/py_server.py" \
@@ -454,21 +507,22 @@ if wants py || wants pycache; then
         DOWN[py]="tests/interop/setup.sh failed: $(last_err "$TMP/py-setup.log")"
     fi
 fi
-wants nginx && start_nginx
+if wants nginx || wants nginxh || wants nginxp; then start_nginx; fi
 if wants redis; then
     pick_port; PORT[redisd]=$FREE_PORT
     start redisd redis-server --port "$FREE_PORT" --bind 127.0.0.1 --save '' --appendonly no
     wait_port "$FREE_PORT" "${PID[redisd]}" 10 \
         || DOWN[redis]="redis-server did not start: $(last_err "$TMP/redisd.out")"
 fi
-for inst in pass base trace1 trace001 verify cache redis agg legacy legacybase pycache; do
+for inst in $INSTANCES; do
     if wants "$inst"; then
         [[ -n ${DOWN[$inst]:-} ]] && continue
         if [[ ( $inst == agg && ( -n ${DOWN[b2]:-} || -n ${DOWN[b3]:-} ) ) ]]; then
             DOWN[agg]="${DOWN[b2]:-${DOWN[b3]}}"; continue
         fi
         if [[ $inst == legacy* && -n ${DOWN[bl]:-} ]]; then DOWN[$inst]=${DOWN[bl]}; continue; fi
-        if [[ $inst == pycache && -n ${DOWN[py]:-} ]]; then DOWN[pycache]=${DOWN[py]}; continue; fi
+        if [[ ( $inst == pycache || $inst == passp ) && -n ${DOWN[py]:-} ]]; then DOWN[$inst]=${DOWN[py]}; continue; fi
+        if [[ $inst == passh && -n ${DOWN[hb]:-} ]]; then DOWN[passh]=${DOWN[hb]}; continue; fi
         start_portico "$inst"
     fi
 done
@@ -481,7 +535,7 @@ for t in $TARGETS; do
 done
 # Where each portico log stood before the load, to tell startup messages from load-time ones.
 declare -A LOG_MARK=()
-for s in pass base trace1 trace001 verify cache redis agg legacy legacybase pycache; do
+for s in $INSTANCES; do
     [[ -f $TMP/$s.err ]] && LOG_MARK[$s]=$(wc -l <"$TMP/$s.err")
 done
 
@@ -533,7 +587,7 @@ fi
         echo "- portico access log: off (\`[log] access = false\`; \`ACCESS_LOG=1\` measures with it on)"
     fi
     echo "- nginx: upstream keepalive 64, proxy_buffering off, request buffering on (default), keepalive_requests 1000000, access_log off"
-    echo "- backend: examples/bench_backend.rs, JSON answers, tools/list result $(grep -o 'tools/list result [0-9]* bytes' "$TMP/b1.err" | awk '{print $3}') bytes"
+    echo "- backends: examples/bench_backend.rs (targets without a suffix), JSON answers, tools/list result $(grep -o 'tools/list result [0-9]* bytes' "$TMP/b1.err" | awk '{print $3}') bytes; examples/hyper_backend.rs (\`-hyper\`: plain hyper 1.x, defaults, no TCP_NODELAY, 109-byte tools/call answer); the official Python SDK server tests/interop/py_server.py (\`-py-call\`, \`-py\`)"
 } >"$TMP/header.md"
 cat "$TMP/header.md" >&2
 say ""
@@ -612,7 +666,7 @@ done
 
 # ---------------------------------------------------------------- memory (before anything stops)
 declare -A PEAK_RSS=()
-for s in pass base trace1 trace001 verify cache redis agg legacy legacybase; do
+for s in $INSTANCES; do
     [[ -n ${PID[$s]:-} ]] && alive "${PID[$s]}" && PEAK_RSS[$s]=$(status_kb "${PID[$s]}" VmHWM)
 done
 [[ -n $NGINX_MASTER ]] && alive "$NGINX_MASTER" && PEAK_RSS[nginx]=$(nginx_rss VmHWM)
@@ -631,7 +685,7 @@ warnings() { # FILE PHASE-LABEL INSTANCE
             | sed 's/^/    /' >>"$TMP/notes.txt"
     fi
 }
-for s in pass base trace1 trace001 verify cache redis agg legacy legacybase; do
+for s in $INSTANCES; do
     [[ -f $TMP/$s.err ]] || continue
     mark=${LOG_MARK[$s]:-0}
     head -n "$mark" "$TMP/$s.err" >"$TMP/$s.startup"
@@ -670,6 +724,9 @@ inst_desc() {
     legacy) echo "portico-legacy (legacy backend)" ;;
     legacybase) echo "portico-legacy-base (legacy backend, BASE_BIN)" ;;
     pycache) echo "portico-py-cache ([cache] enabled, Python SDK backend)" ;;
+    passh) echo "portico-hyper (pass-through to the plain hyper backend)" ;;
+    passp) echo "portico-py-call (pass-through to the Python SDK server)" ;;
+    hb) echo "plain hyper backend (hb)" ;;
     py) echo "Python SDK server (mcp 2.3.0)" ;;
     nginx) echo "nginx (worker processes, summed)" ;;
     b1) echo "bench backend (b1)" ;;
@@ -683,6 +740,14 @@ inst_desc() {
     awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=main -f "$BENCHES/report.awk" \
         "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
     echo
+    if grep -q $'^portico-hyper\t\|^portico-py-call\t' "$TMP/raw.tsv"; then
+        echo
+        echo "### Pass-through by backend"
+        echo
+        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=backends -f "$BENCHES/report.awk" \
+            "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
+    fi
+    echo
     echo "× direct / × nginx: req/s relative to the direct (or nginx) target at the same concurrency and MCP method in this run;"
     echo "† = no same-method baseline was measured, compared with the tools/call one (add direct-list / nginx-list to TARGETS)."
     echo "spread = (max − min) / median of req/s over rounds. errors = non-2xx answers + socket errors + timeouts, summed over rounds."
@@ -693,7 +758,7 @@ inst_desc() {
     echo
     echo "| process | RSS right after start | peak RSS (VmHWM) at the end |"
     echo "|---|---:|---:|"
-    for s in pass base trace1 trace001 verify cache redis agg legacy legacybase nginx b1; do
+    for s in $INSTANCES nginx b1 hb; do
         [[ -n ${PID[$s]:-} || -n ${DOWN[$s]:-} ]] || continue
         if [[ -n ${DOWN[$s]:-} && -z ${IDLE_RSS[$s]:-} ]]; then
             echo "| $(inst_desc "$s") | n/a | n/a |"
@@ -719,6 +784,8 @@ inst_desc() {
 } >"$TMP/report.md"
 
 mkdir -p "$RESULTS_DIR"
+awk -F'\t' -v conc="$CONCURRENCY" -v title="portico benchmark, $(date -u '+%Y-%m-%d') ($commit)" \
+    -f "$BENCHES/chart.awk" "$TMP/methods.tsv" "$TMP/raw.tsv" >"$RESULTS_DIR/latest.svg"
 cp "$TMP/report.md" "$RESULTS_DIR/latest.md"
 cp "$TMP/raw.tsv" "$RESULTS_DIR/latest.tsv"
 stamp=$(date -u +%Y%m%d-%H%M%S)
@@ -726,4 +793,4 @@ cp "$TMP/report.md" "$RESULTS_DIR/$stamp.md"
 echo
 cat "$TMP/report.md"
 say ""
-say "written: $RESULTS_DIR/latest.md (raw rounds: latest.tsv; this run also as $stamp.md)"
+say "written: $RESULTS_DIR/latest.md (raw rounds: latest.tsv; chart: latest.svg; this run also as $stamp.md)"
