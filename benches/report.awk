@@ -45,6 +45,7 @@ function ratio(kind, t, c,    b) {
     b = baseline(kind, method_of[t], c)
     # Targets against another backend compare with that backend's own direct / nginx targets.
     if (t ~ /-hyper$/) { b = kind "-hyper"; dagger = "" }
+    else if (t ~ /-log$/) { b = (kind == "nginx") ? "nginx-log" : "direct"; dagger = "" }
     else if (t ~ /-py-call$/) { b = kind "-py-call"; dagger = "" }
     else if (t ~ /-py/) { b = (kind == "direct" && (("direct-py", c) in med_rps)) ? "direct-py" : ""; dagger = "" }
     if (!((b, c) in med_rps)) b = ""
@@ -79,18 +80,18 @@ END {
     if (section == "backends") {
         # Pass-through on each backend: portico against nginx, and what each adds to the
         # backend's own p50 (direct), from the same run.
-        nb = split("bench hyper py-call", fams, " ")
+        nb = split("bench hyper py-call log", fams, " ")
         print "| backend | c | portico req/s | nginx req/s | portico × nginx | portico +p50 over direct | nginx +p50 over direct |"
         print "|---|---:|---:|---:|---:|---:|---:|"
         for (f = 1; f <= nb; f++) {
             sfx = (fams[f] == "bench") ? "" : "-" fams[f]
             for (j = 1; j <= nc; j++) {
                 c = cs[j]
-                p = "portico" sfx; x = "nginx" sfx; d = "direct" sfx
+                p = "portico" sfx; x = "nginx" sfx; d = (sfx == "-log") ? "direct" : "direct" sfx
                 if (!((p, c) in med_rps) || !((x, c) in med_rps)) continue
                 dp = ((d, c) in med_p50) ? sprintf("%+d µs", med_p50[p, c] - med_p50[d, c]) : "–"
                 dx = ((d, c) in med_p50) ? sprintf("%+d µs", med_p50[x, c] - med_p50[d, c]) : "–"
-                printf "| %s | %s | %s | %s | %.2f× | %s | %s |\n", fams[f], c, rate(med_rps[p, c]), \
+                printf "| %s | %s | %s | %s | %.2f× | %s | %s |\n", (fams[f] == "log") ? "bench, access log on (both)" : fams[f], c, rate(med_rps[p, c]), \
                     rate(med_rps[x, c]), (med_rps[x, c] > 0) ? med_rps[p, c] / med_rps[x, c] : 0, dp, dx
             }
         }

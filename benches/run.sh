@@ -23,8 +23,8 @@ ROUNDS=${ROUNDS:-$_rounds}                 # measured rounds per (target, concur
 DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
-DEFAULT_TARGETS="direct nginx portico direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy portico-legacy-base direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+DEFAULT_TARGETS="direct nginx portico nginx-log portico-log direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy portico-legacy-base nginx-log portico-log direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -60,6 +60,7 @@ declare -A T_SERVER=(
     [portico-agg]=agg [portico-legacy]=legacy [portico-legacy-base]=legacybase
     [direct-py]=py [portico-py-cache]=pycache
     [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
+    [nginx-log]=nginxl [portico-log]=passlog
     [direct-py-call]=py [nginx-py-call]=nginxp [portico-py-call]=passp
 )
 declare -A T_METHOD=(
@@ -68,6 +69,7 @@ declare -A T_METHOD=(
     [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list
     [portico-legacy]=tools/call [portico-legacy-base]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
+    [nginx-log]=tools/call [portico-log]=tools/call
     [direct-py-call]=tools/call [nginx-py-call]=tools/call [portico-py-call]=tools/call
 )
 declare -A T_PATH=(
@@ -76,6 +78,7 @@ declare -A T_PATH=(
     [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp
     [portico-legacy]=/mcp/legacy [portico-legacy-base]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
+    [nginx-log]=/mcp [portico-log]=/mcp/bench
     [direct-py-call]=/mcp [nginx-py-call]=/mcp [portico-py-call]=/mcp/py
 )
 # The backend whose /stats must move when the target is probed (cache: must not move).
@@ -84,10 +87,11 @@ declare -A T_BACKEND=(
     [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
     [direct-py]=py [portico-py-cache]=py
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
+    [nginx-log]=b1 [portico-log]=b1
     [direct-py-call]=py [nginx-py-call]=py [portico-py-call]=py
 )
 # Every portico instance the script can start (one process per configuration).
-INSTANCES="pass base trace1 trace001 verify cache redis agg legacy legacybase passh passp pycache"
+INSTANCES="pass base trace1 trace001 verify cache redis agg legacy legacybase passh passp passlog pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -250,7 +254,7 @@ workers = $WORKERS
 drain_timeout_ms = 1000
 
 [log]
-access = $([[ $ACCESS_LOG == 1 ]] && echo true || echo false)
+access = $([[ $ACCESS_LOG == 1 || $name == passlog ]] && echo true || echo false)
 level = "info"
 
 [sessions]
@@ -267,7 +271,7 @@ EOF
     esac
     echo
     case $name in
-    pass | base | trace1 | trace001 | verify | cache | redis)
+    pass | base | trace1 | trace001 | verify | cache | redis | passlog)
         cat <<EOF
 [[backends]]
 name = "bench"
@@ -343,6 +347,12 @@ start_nginx() {
             | sed -e "s|mcp_backend|mcp_$b|g" -e "s|@LISTEN_PORT@|${PORT[nginx$b]}|g" \
                 -e "s|@BACKEND_PORT@|${PORT[$b]}|g" >>"$extra"
     done
+    # nginx-log: the bench backend again, with a buffered access log of the same fields as
+    # portico's access line (the MCP method from its header; nginx does not read bodies).
+    pick_port; PORT[nginxl]=$FREE_PORT
+    sed -n '/^    server {/,/^    }/p' "$BENCHES/nginx.conf.tmpl" \
+        | sed -e "s|@LISTEN_PORT@|${PORT[nginxl]}|g" \
+            -e "s|^        location / {|        access_log $dir/access.log portico buffer=64k flush=1s;\n        location / {|" >>"$extra"
     [[ -n ${PORT[nginxhb]:-} ]] && PORT[nginxh]=${PORT[nginxhb]}
     [[ -n ${PORT[nginxpy]:-} ]] && PORT[nginxp]=${PORT[nginxpy]}
     sed -e "s|@WORKERS@|$WORKERS|g" -e "s|@PREFIX@|$dir|g" \
@@ -353,15 +363,15 @@ start_nginx() {
     [[ -n ${PORT[nginxp]:-} ]] || DOWN[nginxp]=${DOWN[py]:-"no Python SDK server"}
     if ! "$NGINX" -t -q -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" >"$TMP/nginx.check" 2>&1; then
         DOWN[nginx]="nginx config rejected: $(last_err "$TMP/nginx.check")"
-        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]}
+        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]} DOWN[nginxl]=${DOWN[nginx]}
         return 1
     fi
     start nginx "$NGINX" -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf"
     NGINX_MASTER=${PID[nginx]}
-    PID[nginxh]=$NGINX_MASTER PID[nginxp]=$NGINX_MASTER
+    PID[nginxh]=$NGINX_MASTER PID[nginxp]=$NGINX_MASTER PID[nginxl]=$NGINX_MASTER
     if ! wait_port "${PORT[nginx]}" "$NGINX_MASTER" 10; then
         DOWN[nginx]="nginx did not start: $(last_err "$TMP/nginx.err") $(last_err "$dir/error.log")"
-        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]}
+        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]} DOWN[nginxl]=${DOWN[nginx]}
         return 1
     fi
     sleep 0.2
@@ -507,7 +517,7 @@ if wants py || wants pycache || wants nginxp || wants passp; then
         DOWN[py]="tests/interop/setup.sh failed: $(last_err "$TMP/py-setup.log")"
     fi
 fi
-if wants nginx || wants nginxh || wants nginxp; then start_nginx; fi
+if wants nginx || wants nginxh || wants nginxp || wants nginxl; then start_nginx; fi
 if wants redis; then
     pick_port; PORT[redisd]=$FREE_PORT
     start redisd redis-server --port "$FREE_PORT" --bind 127.0.0.1 --save '' --appendonly no
@@ -584,7 +594,7 @@ fi
     if [[ $ACCESS_LOG == 1 ]]; then
         echo "- portico access log: **on** (\`[log] access = true\`, stderr to a file)"
     else
-        echo "- portico access log: off (\`[log] access = false\`; \`ACCESS_LOG=1\` measures with it on)"
+        echo "- portico access log: off (\`[log] access = false\`; \`ACCESS_LOG=1\` measures with it on), except \`portico-log\` (on, stderr to a file) against \`nginx-log\` (\`access_log ... buffer=64k flush=1s\`, the same fields)"
     fi
     echo "- nginx: upstream keepalive 64, proxy_buffering off, request buffering on (default), keepalive_requests 1000000, access_log off"
     echo "- backends: examples/bench_backend.rs (targets without a suffix), JSON answers, tools/list result $(grep -o 'tools/list result [0-9]* bytes' "$TMP/b1.err" | awk '{print $3}') bytes; examples/hyper_backend.rs (\`-hyper\`: plain hyper 1.x, defaults, no TCP_NODELAY, 109-byte tools/call answer); the official Python SDK server tests/interop/py_server.py (\`-py-call\`, \`-py\`)"
@@ -726,6 +736,7 @@ inst_desc() {
     pycache) echo "portico-py-cache ([cache] enabled, Python SDK backend)" ;;
     passh) echo "portico-hyper (pass-through to the plain hyper backend)" ;;
     passp) echo "portico-py-call (pass-through to the Python SDK server)" ;;
+    passlog) echo "portico-log (pass-through, access log on)" ;;
     hb) echo "plain hyper backend (hb)" ;;
     py) echo "Python SDK server (mcp 2.3.0)" ;;
     nginx) echo "nginx (worker processes, summed)" ;;
@@ -740,7 +751,7 @@ inst_desc() {
     awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=main -f "$BENCHES/report.awk" \
         "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
     echo
-    if grep -q $'^portico-hyper\t\|^portico-py-call\t' "$TMP/raw.tsv"; then
+    if grep -q $'^portico-hyper\t\|^portico-py-call\t\|^portico-log\t' "$TMP/raw.tsv"; then
         echo
         echo "### Pass-through by backend"
         echo

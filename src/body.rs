@@ -33,8 +33,9 @@ pub enum Body {
     Empty,
     /// One buffer known up front (JSON answers, errors, cache hits).
     Full(Option<Bytes>),
-    /// An upstream answer relayed byte for byte (pass-through).
-    Relay(RelayBody),
+    /// An upstream answer relayed byte for byte (pass-through). Boxed: the relay's state is
+    /// ~200 bytes, and inline it would be copied with every move of every response.
+    Relay(Box<RelayBody>),
     /// Chunks produced over time (SSE that portico renders itself).
     Stream(BoxStream<'static, Bytes>),
     /// An SSE body under `[server]` keep-alive and duration limits ([`SseLimits`]).
@@ -65,7 +66,7 @@ impl http_body::Body for Body {
         match self.get_mut() {
             Body::Empty => Poll::Ready(None),
             Body::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            Body::Relay(r) => Pin::new(r).poll_frame(cx),
+            Body::Relay(r) => Pin::new(&mut **r).poll_frame(cx),
             Body::Stream(s) => s.poll_next_unpin(cx).map(|c| c.map(|b| Ok(Frame::data(b)))),
             Body::Limited(l) => l.poll_frame(cx),
         }

@@ -4,8 +4,8 @@
 //!
 //! The crate is built in layers, each importing only from itself and below (README "Layers";
 //! `tests/gateway/layers.rs` enforces it):
-//! - L0 leaves: [`config`], [`error`], [`jsonrpc`], [`metrics`], [`policy`], [`sse`],
-//!   [`telemetry`];
+//! - L0 leaves: [`config`], [`error`], [`jsonrpc`], [`logsink`], [`metrics`], [`policy`],
+//!   [`sse`], [`telemetry`];
 //! - L1 vocabulary: [`protocol`], [`frontend`], [`session`];
 //! - L2 transports and stores: [`upstream`], [`body`], [`backend`], [`resilience`], [`cache`];
 //! - L3 translation: [`bridge`], [`merge`], [`health`], [`invalidation`];
@@ -34,6 +34,7 @@ pub mod health;
 pub mod invalidation;
 pub mod jsonrpc;
 pub mod legacy;
+pub mod logsink;
 pub mod merge;
 pub mod metrics;
 pub mod param_headers;

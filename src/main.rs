@@ -217,7 +217,7 @@ fn stdio_main(args: StdioArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging(&config.log);
+    let _log = init_logging(&config.log);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -285,7 +285,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging(&config.log);
+    let _log = init_logging(&config.log);
     // One worker: a current-thread runtime. Everything then runs on the thread that accepts,
     // with no work-stealing queues or cross-thread wake-ups — measurably cheaper per request
     // (benches/) when the operator has pinned portico to one core anyway.
@@ -330,17 +330,41 @@ fn main() -> ExitCode {
     })
 }
 
-fn init_logging(cfg: &config::LogConfig) {
+/// Logs (the access log included) go to stderr through `logsink`'s buffer and writer thread:
+/// a request never waits on a `write` to a slow pipe or terminal. The guard writes what is
+/// buffered when it is dropped at exit. Without a writer thread (it could not be spawned)
+/// lines go to stderr directly.
+fn init_logging(cfg: &config::LogConfig) -> Option<portico::logsink::SinkGuard> {
+    use portico::logsink::{AccessFormat, LogSink};
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let Ok((sink, guard)) = LogSink::start(std::io::stderr()) else {
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi);
+        match cfg.format {
+            LogFormat::Json => builder.json().flatten_event(true).init(),
+            LogFormat::Text => builder.init(),
+        }
+        return None;
+    };
+    sink.install(match cfg.format {
+        LogFormat::Json => AccessFormat::Json,
+        LogFormat::Text => AccessFormat::Text,
+    });
+    let counted = sink.clone();
+    portico::metrics::set_log_drops(move || counted.dropped());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_writer(sink)
+        .with_ansi(ansi);
     match cfg.format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
     }
+    Some(guard)
 }
 
 /// Resolves on SIGTERM or ctrl-c.

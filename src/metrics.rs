@@ -111,6 +111,15 @@ pub struct BackendMetrics {
     pub up: IntGauge,
 }
 
+/// Log lines the process's log writer dropped because its queue was full (the writer never
+/// blocks a request; `main` installs the reader of its counter).
+static LOG_DROPS: OnceLock<Box<dyn Fn() -> u64 + Send + Sync>> = OnceLock::new();
+
+/// Installs what `portico_log_lines_dropped_total` reads (once per process).
+pub fn set_log_drops(read: impl Fn() -> u64 + Send + Sync + 'static) {
+    let _ = LOG_DROPS.set(Box::new(read));
+}
+
 /// Client connections open in this process, on every listener, TLS or not.
 static OPEN_CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
 
@@ -588,6 +597,15 @@ fn state_families(mirrors: &Mirrors<'_>) -> Vec<MetricFamily> {
     };
 
     let mut out = Vec::new();
+    if let Some(read) = LOG_DROPS.get() {
+        out.extend(single(
+            "portico_log_lines_dropped_total",
+            "Log lines (access log included) dropped because the log writer's queue was full; \
+             the writer never makes a request wait.",
+            read(),
+            true,
+        ));
+    }
     out.extend(up.collect());
     out.extend(protocol.collect());
     out.extend(restarts.collect());

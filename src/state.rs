@@ -5,6 +5,7 @@
 
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::Config;
 use crate::frontend::Era;
@@ -130,26 +131,50 @@ impl State {
                 error: ctx.error,
             });
         }
+        let elapsed = ctx.elapsed();
         self.metrics.record(&Record {
             route: ctx.route.as_ref(),
             backend: ctx.backend.as_ref(),
             method,
             status: ctx.status,
             error: ctx.error,
-            elapsed: ctx.elapsed(),
+            elapsed,
             upstream: ctx.upstream,
         });
-        if self.config.log.access {
+        if self.config.log.access && crate::logsink::access_enabled() {
+            self.access_line(ctx, method, elapsed);
+        }
+    }
+
+    /// The access log line: straight into the log buffer (`logsink`), or through `tracing`
+    /// when no buffer is installed (portico embedded as a library).
+    fn access_line(&self, ctx: &RequestCtx, method: &'static str, elapsed: Duration) {
+        let method = if ctx.method.is_some() { method } else { "-" };
+        let line = crate::logsink::Access {
+            method,
+            backend: ctx.route.as_deref().unwrap_or("-"),
+            status: ctx.status,
+            duration_us: elapsed.as_micros() as u64,
+            passthrough: ctx.passthrough,
+            cache: ctx.cache.unwrap_or("-"),
+            error: ctx.error.unwrap_or(""),
+            traceparent: ctx
+                .traceparent
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+        };
+        if !crate::logsink::access(&line) {
             tracing::info!(
                 target: "portico::access",
-                method = ctx.method.as_deref().map(protocol::method_label).unwrap_or("-"),
-                backend = ctx.route.as_deref().unwrap_or("-"),
-                status = ctx.status,
-                duration_us = ctx.elapsed().as_micros() as u64,
-                passthrough = ctx.passthrough,
-                cache = ctx.cache.unwrap_or("-"),
-                error = ctx.error.unwrap_or(""),
-                traceparent = ctx.traceparent.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""),
+                method = line.method,
+                backend = line.backend,
+                status = line.status,
+                duration_us = line.duration_us,
+                passthrough = line.passthrough,
+                cache = line.cache,
+                error = line.error,
+                traceparent = line.traceparent,
             );
         }
     }

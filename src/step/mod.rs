@@ -491,7 +491,7 @@ async fn pass_through(
     if !matches!(status.as_u16(), 400 | 404 | 405 | 406) {
         return Ok(Answer::Relayed(Box::new(relay_response(
             parts,
-            Body::Relay(relay),
+            Body::Relay(Box::new(relay)),
         ))));
     }
     // Boxed: a rare path, kept out of the pass-through future's state.
