@@ -271,7 +271,10 @@ fn push_u64(buf: &mut Vec<u8>, n: u64) {
 /// One of portico's own labels, quoted: the same in `Debug` and JSON, since a label is an
 /// ASCII identifier (`debug_assert`ed; a label with a quote would be a bug here, not input).
 fn push_label(buf: &mut Vec<u8>, s: &'static str) {
-    debug_assert!(s.bytes().all(|b| b > 0x20 && b < 0x7f && b != b'"' && b != b'\\'));
+    debug_assert!(
+        s.bytes()
+            .all(|b| b > 0x20 && b < 0x7f && b != b'"' && b != b'\\')
+    );
     buf.push(b'"');
     buf.extend_from_slice(s.as_bytes());
     buf.push(b'"');
@@ -279,7 +282,9 @@ fn push_label(buf: &mut Vec<u8>, s: &'static str) {
 
 /// A string as Rust's `Debug` writes it (what `tracing`'s text format shows).
 fn push_debug_str(buf: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\') {
+    if s.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
         buf.push(b'"');
         buf.extend_from_slice(s.as_bytes());
         buf.push(b'"');
@@ -411,13 +416,21 @@ mod tests {
         // Quotes and control characters are escaped as Debug escapes them.
         let mut buf = Vec::new();
         access_text(&mut buf, at(0, 0), &sample("a\"b\n", ""));
-        assert!(String::from_utf8(buf).unwrap().contains(r#"backend="a\"b\n""#));
+        assert!(
+            String::from_utf8(buf)
+                .unwrap()
+                .contains(r#"backend="a\"b\n""#)
+        );
     }
 
     #[test]
     fn json_lines_parse_and_carry_every_field() {
         let mut buf = Vec::new();
-        access_json(&mut buf, at(1_796_409_452, 1), &sample("we\"ird\u{1}", "00-x"));
+        access_json(
+            &mut buf,
+            at(1_796_409_452, 1),
+            &sample("we\"ird\u{1}", "00-x"),
+        );
         assert_eq!(buf.last(), Some(&b'\n'));
         let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
         assert_eq!(v["timestamp"], "2026-12-04T18:37:32.000001Z");

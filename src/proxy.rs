@@ -211,7 +211,7 @@ async fn modern(
             exposure: Exposure::DIRECT,
             deadline,
         };
-        match step::step(state, ctx, backend, req).await? {
+        match step::step(state, ctx, backend, &req).await? {
             Answer::Relayed(resp) => return Ok(*resp),
             // The backend turned out initialize-era: served below, through the bridge.
             Answer::Reprobed => {}

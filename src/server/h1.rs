@@ -537,6 +537,9 @@ enum Step {
     PeerLeft,
 }
 
+/// Request headers left out of the map (see `header_name`).
+pub(crate) const LEFT_OUT: [&str; 4] = ["host", "user-agent", "connection", "accept-encoding"];
+
 /// A header name; the MCP names every request carries come from static strings, since a
 /// name `http` does not know costs an allocation when parsed.
 fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {

@@ -232,7 +232,7 @@ pub async fn step(
     core: &Core,
     ctx: &mut RequestCtx,
     backend: &Arc<Backend>,
-    req: StepRequest<'_>,
+    req: &StepRequest<'_>,
 ) -> Result<Answer, GatewayError> {
     let tool = called_tool(req.message);
     let answer = admit_and_answer(core, ctx, backend, req).await;
@@ -275,7 +275,7 @@ async fn admit_and_answer(
     core: &Core,
     ctx: &mut RequestCtx,
     backend: &Arc<Backend>,
-    req: StepRequest<'_>,
+    req: &StepRequest<'_>,
 ) -> Result<Answer, GatewayError> {
     if ctx
         .backend
@@ -323,11 +323,11 @@ async fn admit_and_answer(
     let before = ctx.upstream;
     // 6. cache, 7. forward or bridge
     let answer = match req.message {
-        Message::Unread { method, .. } => pass_through(ctx, backend, &req, method).await,
+        Message::Unread { method, .. } => pass_through(ctx, backend, req, method).await,
         Message::Parsed(env) => {
             // Boxed: the cache and bridge futures are large, and inline they would set the size
             // (and the cost of every move) of the pass-through path's state too.
-            Box::pin(answer(core, ctx, backend, &req, env))
+            Box::pin(answer(core, ctx, backend, req, env))
                 .await
                 .map(|reply| match policy {
                     Some(f) if env.method == "tools/list" => {
@@ -387,7 +387,7 @@ pub async fn call(
         exposure,
         deadline,
     };
-    match step(core, ctx, backend, req).await? {
+    match step(core, ctx, backend, &req).await? {
         Answer::Reply(r) => Ok(*r),
         // Only unread bodies are relayed or re-probed.
         Answer::Relayed(_) | Answer::Reprobed => Err(GatewayError::Internal(

@@ -339,7 +339,7 @@ builtin = "demo"
         ..blue()
     };
     assert!(matches!(
-        step(&core, &mut ctx, &h, req).await,
+        step(&core, &mut ctx, &h, &req).await,
         Err(GatewayError::Internal(_))
     ));
 }

@@ -1068,9 +1068,18 @@ async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
     .await;
     assert_eq!(access["traceparent"], "", "{access}");
 
-    // The binary binds the metrics listener from the config.
+    // The binary binds the metrics listener from the config, and counts the log lines its
+    // writer had to drop (none here).
     let r = send("GET", &format!("{metrics}/healthz"), &[], "").await;
     assert_eq!(r.status, 200);
+    let r = send("GET", &format!("{metrics}/metrics"), &[], "").await;
+    let exposition = String::from_utf8_lossy(&r.body).to_string();
+    assert!(
+        exposition
+            .lines()
+            .any(|l| l == "portico_log_lines_dropped_total 0"),
+        "{exposition}"
+    );
     let _ = child.kill().await;
     let _ = std::fs::remove_file(&file);
 }
@@ -1106,6 +1115,8 @@ fn every_exported_metric_is_documented() {
     m.reload(true);
     let _listen = m.listen_stream("b");
     let _guard = m.in_flight();
+    // Exported once the binary's log writer is installed (`src/main.rs`).
+    portico::metrics::set_log_drops(|| 0);
     let text = String::from_utf8(m.render(&Mirrors {
         backends: vec![BackendMirror {
             name: "b",
