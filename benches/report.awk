@@ -8,18 +8,6 @@
 #                percent of one CPU over the measurement)
 # Variables: -v conc="1 16 64" -v rounds=3 -v busy=10 -v section=main|rounds
 
-function median(vals, n,    i, j, t, a) {
-    for (i = 1; i <= n; i++) a[i] = vals[i] + 0
-    for (i = 2; i <= n; i++) {
-        t = a[i]
-        for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]
-        a[j + 1] = t
-    }
-    if (n == 0) return 0
-    if (n % 2) return a[(n + 1) / 2]
-    return (a[n / 2] + a[n / 2 + 1]) / 2
-}
-
 function lat(us) {
     if (us < 1000) return sprintf("%d µs", us + 0.5)
     if (us < 10000) return sprintf("%.2f ms", us / 1000)

@@ -748,14 +748,14 @@ inst_desc() {
     echo
     echo "## Throughput and latency (median of rounds)"
     echo
-    awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=main -f "$BENCHES/report.awk" \
+    awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=main -f "$BENCHES/stats.awk" -f "$BENCHES/report.awk" \
         "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
     echo
     if grep -q $'^portico-hyper\t\|^portico-py-call\t\|^portico-log\t' "$TMP/raw.tsv"; then
         echo
         echo "### Pass-through by backend"
         echo
-        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=backends -f "$BENCHES/report.awk" \
+        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=backends -f "$BENCHES/stats.awk" -f "$BENCHES/report.awk" \
             "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
     fi
     echo
@@ -781,7 +781,7 @@ inst_desc() {
         echo
         echo "## req/s per round"
         echo
-        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=rounds -f "$BENCHES/report.awk" \
+        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=rounds -f "$BENCHES/stats.awk" -f "$BENCHES/report.awk" \
             "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
     fi
     if [[ -s $TMP/notes.txt ]]; then
@@ -796,7 +796,7 @@ inst_desc() {
 
 mkdir -p "$RESULTS_DIR"
 awk -F'\t' -v conc="$CONCURRENCY" -v title="portico benchmark, $(date -u '+%Y-%m-%d') ($commit)" \
-    -f "$BENCHES/chart.awk" "$TMP/methods.tsv" "$TMP/raw.tsv" >"$RESULTS_DIR/latest.svg"
+    -f "$BENCHES/stats.awk" -f "$BENCHES/chart.awk" "$TMP/methods.tsv" "$TMP/raw.tsv" >"$RESULTS_DIR/latest.svg"
 cp "$TMP/report.md" "$RESULTS_DIR/latest.md"
 cp "$TMP/raw.tsv" "$RESULTS_DIR/latest.tsv"
 stamp=$(date -u +%Y%m%d-%H%M%S)

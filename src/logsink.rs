@@ -330,21 +330,33 @@ fn push_timestamp(buf: &mut Vec<u8>, now: SystemTime) {
     buf.extend_from_slice(&frac);
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.` for `secs` after the Unix epoch (UTC, proleptic Gregorian).
-fn seconds_prefix(secs: u64) -> [u8; 20] {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (h, mi, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    // Civil date from a day count (the era-based algorithm: 400-year cycles of 146,097 days).
+/// The UTC calendar date and time of `secs` after the Unix epoch (proleptic Gregorian, the
+/// era-based civil-from-days algorithm: 400-year cycles of 146,097 days), as
+/// `(year, month, day, hour, minute, second)`. Also the status page's clock (`status::page`).
+pub fn civil(secs: u64) -> (i64, u64, u64, u64, u64, u64) {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        month as u64,
+        day as u64,
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+    )
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.` for `secs` after the Unix epoch (UTC).
+fn seconds_prefix(secs: u64) -> [u8; 20] {
+    let (y, m, d, h, mi, s) = civil(secs);
     let mut out = [0u8; 20];
     let mut put = |at: usize, v: u64, width: usize| {
         let mut v = v;
@@ -354,8 +366,8 @@ fn seconds_prefix(secs: u64) -> [u8; 20] {
         }
     };
     put(0, y.clamp(0, 9999) as u64, 4);
-    put(5, m as u64, 2);
-    put(8, d as u64, 2);
+    put(5, m, 2);
+    put(8, d, 2);
     put(11, h, 2);
     put(14, mi, 2);
     put(17, s, 2);

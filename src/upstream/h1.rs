@@ -362,18 +362,8 @@ pub fn encode_end(out: &mut Vec<u8>, method: &http::Method, body: &[u8]) {
 }
 
 /// Appends `n` in decimal (cheaper than `core::fmt` on this path). Shared with `server::h1`.
-pub fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+pub fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// A Content-Length value: ASCII digits only, at most 19 of them (so it cannot overflow).
