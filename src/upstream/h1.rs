@@ -119,6 +119,8 @@ pub struct Conn {
     sleep: Pin<Box<Sleep>>,
     /// Landing space of `read_now`, allocated on first use.
     scratch: Vec<u8>,
+    /// Bytes of the current answer arrived since the last wait (`ack_before_wait`).
+    got_data: bool,
 }
 
 /// Idle connections of one backend.
@@ -176,6 +178,7 @@ impl Conn {
             spots: HeaderSpots::default(),
             sleep: Box::pin(tokio::time::sleep_until(deadline)),
             scratch: Vec::new(),
+            got_data: false,
         }))
     }
 
@@ -203,6 +206,20 @@ impl Conn {
         }
         if let Ok(n @ 1..) = (&*socket2::SockRef::from(&self.io)).read(&mut self.scratch) {
             self.rbuf.extend_from_slice(&self.scratch[..n]);
+            self.got_data = true;
+        }
+    }
+
+    /// Before waiting for the rest of an answer that has begun to arrive, acknowledges what
+    /// came at once. A backend that writes an answer in pieces without `TCP_NODELAY` (uvicorn
+    /// under the Python SDK writes the head, then the body) holds each later piece until the
+    /// earlier one is acknowledged, and on a kept-alive connection Linux delays that ACK by up
+    /// to 40 ms: every call then took ~44 ms however fast the server was (benches/README.md,
+    /// the `-py-call` targets). `TCP_QUICKACK` sends the pending ACK now. One `setsockopt`, and
+    /// only when an answer is split: a backend that writes it whole never gets here.
+    fn ack_before_wait(&mut self) {
+        if std::mem::take(&mut self.got_data) {
+            let _ = socket2::SockRef::from(&self.io).set_tcp_quickack(true);
         }
     }
 
@@ -213,7 +230,11 @@ impl Conn {
         }
         // Through `AsyncRead` rather than `try_read_buf`: tokio clears the socket's readiness
         // after a short read, so the idle check at the next checkout costs no syscall.
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf)
+        let read = tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.rbuf);
+        if let Poll::Ready(Ok(1..)) = read {
+            self.got_data = true;
+        }
+        read
     }
 
     /// Polls `f` until it is ready or the deadline passes.
@@ -247,6 +268,7 @@ pub async fn exchange(
     };
     conn.sleep.as_mut().reset(deadline);
     conn.wbuf.clear();
+    conn.got_data = false;
     encode(&mut conn.wbuf);
     // Let the other ready requests of this scheduler tick run first (`requeue`), so their writes
     // reach the backend as one burst: a backend sharing the CPU then answers a batch per wake-up instead
@@ -422,7 +444,14 @@ impl Conn {
                     None => {}
                 }
             }
-            match ready!(self.poll_fill(cx)) {
+            let filled = match self.poll_fill(cx) {
+                Poll::Ready(r) => r,
+                Poll::Pending => {
+                    self.ack_before_wait();
+                    return Poll::Pending;
+                }
+            };
+            match filled {
                 Ok(0) => {
                     return Poll::Ready(Err(UpstreamError::Closed(
                         "connection closed before an answer".into(),
@@ -861,7 +890,10 @@ impl H1Body {
                 Err(e) => return self.fail(Box::new(e)),
             }
             match conn.poll_deadline(cx, |c, cx| c.poll_fill(cx)) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    conn.ack_before_wait();
+                    return Poll::Pending;
+                }
                 Poll::Ready(None) => return self.fail(Box::new(super::http::TimedOut)),
                 Poll::Ready(Some(Ok(0))) => {
                     if matches!(self.framing, Framing::Close) {

@@ -443,8 +443,8 @@ impl HttpUpstream {
         let request = (req.method() == Method::POST).then(|| req.body().clone());
         let ex = self.exchange(req, deadline).await?;
         let status = ex.response.status();
-        let headers = ex.response.headers().clone();
-        let (_, body) = self.relay(ex, deadline, Bytes::new());
+        let (parts, body) = self.relay(ex, deadline, Bytes::new());
+        let headers = parts.headers;
         // The relay's SSE error injection is for pass-through; here errors surface as Err items.
         let mut body = body;
         body.on_break = None;
