@@ -24,6 +24,14 @@ function group(t) {
     return "bench"
 }
 
+# Rows are separated by backend group and, within the bench group, by protocol (the -tls and -h2
+# targets share the bench backend's scale, so their bars compare with plain direct / nginx).
+function block(t) {
+    if (t ~ /-tls$/) return group(t) " tls"
+    if (t ~ /-h2$/) return group(t) " h2"
+    return group(t)
+}
+
 function colour(t) {
     if (t ~ /^direct/) return "#9e9e9e"
     if (t ~ /^nginx/) return "#3b6fb6"
@@ -71,7 +79,7 @@ END {
             t = rows[r]
             y = top + (r - 1) * row_h
             if (j == 1) printf "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", label_w - 8, y + 11, esc(t)
-            if (r > 1 && group(t) != group(rows[r - 1]))
+            if (r > 1 && block(t) != block(rows[r - 1]))
                 printf "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#ddd\"/>\n", x0, y, x0 + panel_w, y
             if (!((t, c) in med)) continue
             g = group(t)

@@ -6,7 +6,7 @@
 #   raw.tsv      target method c round rps p50_us p99_us errors requests other% steal%
 #                (other% / steal%: CPU used by processes outside the benchmark / steal time, in
 #                percent of one CPU over the measurement)
-# Variables: -v conc="1 16 64" -v rounds=3 -v busy=10 -v section=main|rounds
+# Variables: -v conc="1 16 64" -v rounds=3 -v busy=10 -v section=main|backends|tls|rounds
 
 function lat(us) {
     if (us < 1000) return sprintf("%d µs", us + 0.5)
@@ -35,6 +35,9 @@ function ratio(kind, t, c,    b) {
     if (t ~ /-hyper$/) { b = kind "-hyper"; dagger = "" }
     else if (t ~ /-log$/) { b = (kind == "nginx") ? "nginx-log" : "direct"; dagger = "" }
     else if (t ~ /-py-call$/) { b = kind "-py-call"; dagger = "" }
+    # TLS / h2 targets: × nginx against nginx over the same protocol; × direct against the
+    # plain-HTTP ceiling (the backend speaks plain HTTP in every case).
+    else if (t ~ /-(tls|h2)$/) { b = (kind == "nginx") ? "nginx" substr(t, index(t, "-")) : "direct"; dagger = "" }
     else if (t ~ /-py/) { b = (kind == "direct" && (("direct-py", c) in med_rps)) ? "direct-py" : ""; dagger = "" }
     if (!((b, c) in med_rps)) b = ""
     if (b == "" || med_rps[b, c] <= 0) return "–"
@@ -81,6 +84,30 @@ END {
                 dx = ((d, c) in med_p50) ? sprintf("%+d µs", med_p50[x, c] - med_p50[d, c]) : "–"
                 printf "| %s | %s | %s | %s | %.2f× | %s | %s |\n", (fams[f] == "log") ? "bench, access log on (both)" : fams[f], c, rate(med_rps[p, c]), \
                     rate(med_rps[x, c]), (med_rps[x, c] > 0) ? med_rps[p, c] / med_rps[x, c] : 0, dp, dx
+            }
+        }
+        exit
+    }
+    if (section == "tls") {
+        # portico against nginx over TLS (HTTP/1.1, wrk) and h2 (h2load), and what each costs
+        # against the same server's plain-HTTP target in this run.
+        print "| protocol | c | portico req/s | nginx req/s | portico × nginx | portico p50 / p99 | nginx p50 / p99 | portico × its plain HTTP | nginx × its plain HTTP |"
+        print "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        np = split("tls h2", protos, " ")
+        for (f = 1; f <= np; f++) {
+            for (j = 1; j <= nc; j++) {
+                c = cs[j]
+                p = "portico-" protos[f]; x = "nginx-" protos[f]
+                hp = (p, c) in med_rps; hx = (x, c) in med_rps
+                if (!hp && !hx) continue
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", \
+                    (protos[f] == "tls") ? "HTTP/1.1 + TLS (wrk)" : "h2 + TLS (h2load, 1 stream per connection)", c, \
+                    hp ? rate(med_rps[p, c]) : "–", hx ? rate(med_rps[x, c]) : "–", \
+                    (hp && hx && med_rps[x, c] > 0) ? sprintf("%.2f×", med_rps[p, c] / med_rps[x, c]) : "–", \
+                    hp ? lat(med_p50[p, c]) " / " lat(med_p99[p, c]) : "–", \
+                    hx ? lat(med_p50[x, c]) " / " lat(med_p99[x, c]) : "–", \
+                    (hp && (("portico", c) in med_rps) && med_rps["portico", c] > 0) ? sprintf("%.2f×", med_rps[p, c] / med_rps["portico", c]) : "–", \
+                    (hx && (("nginx", c) in med_rps) && med_rps["nginx", c] > 0) ? sprintf("%.2f×", med_rps[x, c] / med_rps["nginx", c]) : "–"
             }
         }
         exit

@@ -8,6 +8,7 @@
 #   TARGETS="direct nginx portico" CONCURRENCY=16 benches/run.sh
 #   BASE_BIN=/path/to/old/portico TARGETS="direct nginx portico portico-base" benches/run.sh
 #   BASE_BIN=... TARGETS="portico-legacy portico-legacy-base" benches/run.sh   # the bridge, before/after
+#   TARGETS="direct nginx-tls portico-tls nginx-h2 portico-h2" benches/run.sh   # TLS: wrk (h1), h2load (h2)
 #                                       # before/after: the same pass-through config on another build
 #
 # Every knob is an environment variable; see benches/README.md or the block below.
@@ -23,8 +24,8 @@ ROUNDS=${ROUNDS:-$_rounds}                 # measured rounds per (target, concur
 DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
-DEFAULT_TARGETS="direct nginx portico nginx-log portico-log direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy portico-legacy-base nginx-log portico-log direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+DEFAULT_TARGETS="direct nginx portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -47,6 +48,11 @@ PORTICO_BIN=${PORTICO_BIN:-$TARGET_DIR/release/portico}
 BACKEND_BIN=${BACKEND_BIN:-$TARGET_DIR/release/examples/bench_backend}
 HYPER_BIN=${HYPER_BIN:-$TARGET_DIR/release/examples/hyper_backend}
 BASE_BIN=${BASE_BIN:-}                     # target portico-base: another portico build (e.g. before a change)
+# -tls / -h2 targets: nginx is pinned to this TLS 1.3 suite and group. It is what OpenSSL clients
+# (wrk) ask for first and what portico (rustls, client's order) then picks; h2load (whose own
+# default puts AES-128 first) is told to offer the same. run.sh checks what each server negotiates.
+TLS_CIPHER=${TLS_CIPHER:-TLS_AES_256_GCM_SHA384}
+TLS_GROUP=${TLS_GROUP:-X25519}
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "run.sh: $*"; exit 1; }
@@ -62,6 +68,7 @@ declare -A T_SERVER=(
     [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
     [nginx-log]=nginxl [portico-log]=passlog
     [direct-py-call]=py [nginx-py-call]=nginxp [portico-py-call]=passp
+    [nginx-tls]=nginxtls [nginx-h2]=nginxtls [portico-tls]=tls [portico-h2]=h2
 )
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
@@ -71,6 +78,7 @@ declare -A T_METHOD=(
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
     [nginx-log]=tools/call [portico-log]=tools/call
     [direct-py-call]=tools/call [nginx-py-call]=tools/call [portico-py-call]=tools/call
+    [nginx-tls]=tools/call [nginx-h2]=tools/call [portico-tls]=tools/call [portico-h2]=tools/call
 )
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
@@ -80,6 +88,7 @@ declare -A T_PATH=(
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
     [nginx-log]=/mcp [portico-log]=/mcp/bench
     [direct-py-call]=/mcp [nginx-py-call]=/mcp [portico-py-call]=/mcp/py
+    [nginx-tls]=/mcp [nginx-h2]=/mcp [portico-tls]=/mcp/bench [portico-h2]=/mcp/bench
 )
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
@@ -89,9 +98,10 @@ declare -A T_BACKEND=(
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
     [nginx-log]=b1 [portico-log]=b1
     [direct-py-call]=py [nginx-py-call]=py [portico-py-call]=py
+    [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1
 )
 # Every portico instance the script can start (one process per configuration).
-INSTANCES="pass base trace1 trace001 verify cache redis agg legacy legacybase passh passp passlog pycache"
+INSTANCES="pass base trace1 trace001 verify cache redis agg legacy legacybase passh passp passlog tls h2 pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -99,6 +109,10 @@ done
     || die "ROUNDS and DURATION must be positive integers, WARMUP an integer (seconds)"
 for c in $CONCURRENCY; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "bad CONCURRENCY value '$c'"; done
 wants() { local s; for t in $TARGETS; do s=${T_SERVER[$t]}; [[ $s == "$1" ]] && return 0; done; return 1; }
+# How a target is loaded: "http" (wrk, plain), "tls" (wrk, HTTP/1.1 over TLS), "h2" (h2load, h2 over TLS).
+proto_of() { case $1 in *-tls) echo tls ;; *-h2) echo h2 ;; *) echo http ;; esac; }
+wants_proto() { local t; for t in $TARGETS; do [[ $(proto_of "$t") == "$1" ]] && return 0; done; return 1; }
+WANTS_TLS=0; if wants_proto tls || wants_proto h2; then WANTS_TLS=1; fi
 
 # ---------------------------------------------------------------- prerequisites
 cpu_count() { # "0", "0-1", "0,2-3" -> number of CPUs
@@ -114,8 +128,10 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v curl >/dev/null || missing+=(curl)
 command -v jq >/dev/null || missing+=(jq)
 command -v taskset >/dev/null || missing+=(util-linux)
-if wants nginx && ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then missing+=(nginx); fi
+if { wants nginx || wants nginxh || wants nginxp || wants nginxl || wants nginxtls; } && ! command -v nginx >/dev/null && [[ ! -x /usr/sbin/nginx ]]; then missing+=(nginx); fi
 if wants redis && ! command -v redis-server >/dev/null; then missing+=(redis-server); fi
+if ((WANTS_TLS)) && ! command -v openssl >/dev/null; then missing+=(openssl); fi
+if wants_proto h2 && ! command -v h2load >/dev/null; then missing+=(nghttp2-client); fi
 if ((${#missing[@]})); then
     if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null; then
         die "missing: ${missing[*]} (install them, e.g. apt-get install -y ${missing[*]})"
@@ -252,6 +268,7 @@ portico_conf() {
 listen = "127.0.0.1:$port"
 workers = $WORKERS
 drain_timeout_ms = 1000
+$([[ $name == tls || $name == h2 ]] && printf 'tls_cert = "%s"\ntls_key = "%s"\n' "$TLS_CERT" "$TLS_KEY")
 
 [log]
 access = $([[ $ACCESS_LOG == 1 || $name == passlog ]] && echo true || echo false)
@@ -271,7 +288,7 @@ EOF
     esac
     echo
     case $name in
-    pass | base | trace1 | trace001 | verify | cache | redis | passlog)
+    pass | base | trace1 | trace001 | verify | cache | redis | passlog | tls | h2)
         cat <<EOF
 [[backends]]
 name = "bench"
@@ -338,40 +355,59 @@ start_nginx() {
     pick_port; PORT[nginx]=$FREE_PORT
     # One nginx, one worker, a server block per backend: the same proxy config in front of
     # each (only one target is loaded at a time).
-    local extra=$dir/extra.conf b
+    local extra=$dir/extra.conf b plain=$dir/plain.tmpl
     : >"$extra"
+    # The template without its TLS server block: the copies for other backends never get it.
+    sed '/# @TLS_SERVER@ begin/,/# @TLS_SERVER@ end/d' "$BENCHES/nginx.conf.tmpl" >"$plain"
     for b in hb py; do
         [[ -n ${PORT[$b]:-} ]] || continue
         pick_port; PORT[nginx$b]=$FREE_PORT
-        sed -n '/^    upstream mcp_backend {/,/^    }/p; /^    server {/,/^    }/p' "$BENCHES/nginx.conf.tmpl" \
+        sed -n '/^    upstream mcp_backend {/,/^    }/p; /^    server {/,/^    }/p' "$plain" \
             | sed -e "s|mcp_backend|mcp_$b|g" -e "s|@LISTEN_PORT@|${PORT[nginx$b]}|g" \
                 -e "s|@BACKEND_PORT@|${PORT[$b]}|g" >>"$extra"
     done
     # nginx-log: the bench backend again, with a buffered access log of the same fields as
     # portico's access line (the MCP method from its header; nginx does not read bodies).
     pick_port; PORT[nginxl]=$FREE_PORT
-    sed -n '/^    server {/,/^    }/p' "$BENCHES/nginx.conf.tmpl" \
+    sed -n '/^    server {/,/^    }/p' "$plain" \
         | sed -e "s|@LISTEN_PORT@|${PORT[nginxl]}|g" \
             -e "s|^        location / {|        access_log $dir/access.log portico buffer=64k flush=1s;\n        location / {|" >>"$extra"
     [[ -n ${PORT[nginxhb]:-} ]] && PORT[nginxh]=${PORT[nginxhb]}
     [[ -n ${PORT[nginxpy]:-} ]] && PORT[nginxp]=${PORT[nginxpy]}
+    # nginx-tls / nginx-h2: the template's TLS server block (h2 + http/1.1 by ALPN on one listener,
+    # like portico's), with the run's certificate. "http2 on;" exists from nginx 1.25.1; older
+    # versions take the "http2" parameter of "listen" instead.
+    local tmpl=$plain tls_sed=()
+    if ((WANTS_TLS)) && [[ -z ${DOWN[nginxtls]:-} ]]; then
+        pick_port; PORT[nginxtls]=$FREE_PORT
+        tmpl=$BENCHES/nginx.conf.tmpl
+        local ver
+        ver=$("$NGINX" -v 2>&1 | sed 's|^.*nginx/||; s| .*||')
+        if [[ $(printf '%s\n' 1.25.1 "$ver" | sort -V | head -n 1) == 1.25.1 ]]; then
+            tls_sed=(-e "s|@LISTEN_HTTP2@||")
+        else
+            tls_sed=(-e "s|@LISTEN_HTTP2@| http2|" -e '/^        http2 on;/d')
+        fi
+        tls_sed+=(-e "s|@TLS_PORT@|${PORT[nginxtls]}|g" -e "s|@TLS_CERT@|$TLS_CERT|g" -e "s|@TLS_KEY@|$TLS_KEY|g"
+            -e "s|@TLS_CIPHER@|$TLS_CIPHER|g" -e "s|@TLS_GROUP@|$TLS_GROUP|g")
+    fi
     sed -e "s|@WORKERS@|$WORKERS|g" -e "s|@PREFIX@|$dir|g" \
         -e "s|@LISTEN_PORT@|${PORT[nginx]}|g" -e "s|@BACKEND_PORT@|${PORT[b1]}|g" \
-        -e "\|# @EXTRA_SERVERS@|r $extra" \
-        "$BENCHES/nginx.conf.tmpl" >"$dir/nginx.conf"
+        "${tls_sed[@]}" -e "\|# @EXTRA_SERVERS@|r $extra" \
+        "$tmpl" >"$dir/nginx.conf"
     [[ -n ${PORT[nginxh]:-} ]] || DOWN[nginxh]=${DOWN[hb]:-"no hyper backend"}
     [[ -n ${PORT[nginxp]:-} ]] || DOWN[nginxp]=${DOWN[py]:-"no Python SDK server"}
     if ! "$NGINX" -t -q -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" >"$TMP/nginx.check" 2>&1; then
         DOWN[nginx]="nginx config rejected: $(last_err "$TMP/nginx.check")"
-        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]} DOWN[nginxl]=${DOWN[nginx]}
+        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]} DOWN[nginxl]=${DOWN[nginx]} DOWN[nginxtls]=${DOWN[nginx]}
         return 1
     fi
     start nginx "$NGINX" -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf"
     NGINX_MASTER=${PID[nginx]}
-    PID[nginxh]=$NGINX_MASTER PID[nginxp]=$NGINX_MASTER PID[nginxl]=$NGINX_MASTER
+    PID[nginxh]=$NGINX_MASTER PID[nginxp]=$NGINX_MASTER PID[nginxl]=$NGINX_MASTER PID[nginxtls]=$NGINX_MASTER
     if ! wait_port "${PORT[nginx]}" "$NGINX_MASTER" 10; then
         DOWN[nginx]="nginx did not start: $(last_err "$TMP/nginx.err") $(last_err "$dir/error.log")"
-        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]} DOWN[nginxl]=${DOWN[nginx]}
+        DOWN[nginxh]=${DOWN[nginx]} DOWN[nginxp]=${DOWN[nginx]} DOWN[nginxl]=${DOWN[nginx]} DOWN[nginxtls]=${DOWN[nginx]}
         return 1
     fi
     sleep 0.2
@@ -406,17 +442,26 @@ backend_count() { # SERVER METHOD -> how many METHOD requests that bench backend
 
 PROBE_REASON=
 PROBE_TOOLS=0
-# probe URL METHOD: one request like wrk's; 0 if it is an HTTP 200 carrying a JSON-RPC result.
+# probe URL METHOD [PROTO]: one request like wrk's; 0 if it is an HTTP 200 carrying a JSON-RPC
+# result. PROTO tls: HTTP/1.1 over TLS (verified against the run's certificate); h2: h2 by ALPN.
 probe() {
-    local url=$1 method=$2 code ctype json msg
+    local url=$1 method=$2 proto=${3:-http} code ctype json msg out version want=
     local extra=()
     [[ $method == tools/call ]] && extra=(-H 'Mcp-Name: echo')
-    code=$(curl -sS -m 5 -o "$TMP/probe.body" -D "$TMP/probe.head" -w '%{http_code}' \
+    case $proto in
+    tls) extra+=(--cacert "$TLS_CERT" --http1.1); want=1.1 ;;
+    h2) extra+=(--cacert "$TLS_CERT" --http2); want=2 ;;
+    esac
+    out=$(curl -sS -m 5 -o "$TMP/probe.body" -D "$TMP/probe.head" -w '%{http_code} %{http_version}' \
         -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
         -H 'MCP-Protocol-Version: 2026-07-28' -H "Mcp-Method: $method" "${extra[@]}" \
         --data-binary "$(mcp_body "$method")" "$url" 2>"$TMP/probe.err")
+    read -r code version <<<"$out"
     if [[ -z $code || $code == 000 ]]; then
         PROBE_REASON="request failed: $(last_err "$TMP/probe.err")"; return 1
+    fi
+    if [[ -n $want && $version != "$want" ]]; then
+        PROBE_REASON="answered over HTTP/$version, not HTTP/$want"; return 1
     fi
     ctype=$(awk -F': *' 'tolower($1) == "content-type" {print $2}' "$TMP/probe.head" | tr -d '\r')
     if [[ $ctype == text/event-stream* ]]; then
@@ -448,7 +493,49 @@ probe() {
     return 0
 }
 
-target_url() { echo "http://127.0.0.1:${PORT[${T_SERVER[$1]}]}${T_PATH[$1]}"; }
+target_url() {
+    # TLS targets by name: wrk would send the IP address as SNI, which TLS does not allow (SNI names hosts only)
+    # and which rustls logs a warning about on every connection. The certificate is for both.
+    if [[ $(proto_of "$1") == http ]]; then
+        echo "http://127.0.0.1:${PORT[${T_SERVER[$1]}]}${T_PATH[$1]}"
+    else
+        echo "https://localhost:${PORT[${T_SERVER[$1]}]}${T_PATH[$1]}"
+    fi
+}
+
+# What a TLS server negotiates with the load generator. wrk is an OpenSSL client with OpenSSL's
+# defaults (no ALPN), as is openssl s_client: so s_client sees what wrk gets. h2load sets its own
+# suites/groups (run.sh passes TLS_CIPHER/TLS_GROUP) and prints what it negotiated: a one-request
+# h2load run shows that, and that the request succeeds over h2 (the curl probe checked the answer).
+declare -A TLS_INFO=()   # target -> "TLSv1.3 TLS_AES_256_GCM_SHA384 X25519 (ALPN ...)"
+tls_check() { # TARGET
+    local t=$1 port=${PORT[${T_SERVER[$1]}]} out p c k a
+    if [[ $(proto_of "$t") == tls ]]; then
+        out=$(timeout 10 openssl s_client -connect "localhost:$port" -CAfile "$TLS_CERT" </dev/null 2>&1)
+        p=$(sed -n 's/^New, \([^,]*\), Cipher is .*/\1/p' <<<"$out" | head -n 1)
+        c=$(sed -n 's/^New, [^,]*, Cipher is //p' <<<"$out" | head -n 1)
+        k=$(sed -n 's/^Server Temp Key: \([^,]*\),.*/\1/p' <<<"$out" | head -n 1)
+        a=$(sed -n 's/^ALPN protocol: //p' <<<"$out" | head -n 1)
+        [[ -n $c && $c != "(NONE)" ]] || { PROBE_REASON="openssl s_client: no TLS session: $(grep -m1 -i error <<<"$out")"; return 1; }
+        grep -q 'Verify return code: 0 (ok)' <<<"$out" || { PROBE_REASON="openssl s_client: certificate not verified: $(grep -m1 'Verify return code' <<<"$out")"; return 1; }
+        TLS_INFO[$t]="$p $c ${k:-?} (openssl s_client like wrk: no ALPN offered${a:+, got $a})"
+    else
+        out=$(MCP_METHOD=${T_METHOD[$t]} TLS_CIPHER=$TLS_CIPHER TLS_GROUP=$TLS_GROUP H2_TIMEOUT=$WRK_TIMEOUT \
+            timeout 20 "$BENCHES/h2load.sh" "$(target_url "$t")" 1 1 0 2>&1)
+        local json
+        json=$(sed -n 's/^BENCHJSON //p' <<<"$out")
+        if [[ -z $json ]]; then PROBE_REASON="h2load: $(tail -n 1 <<<"$out")"; return 1; fi
+        if ! jq -e '.requests > 0 and (.connect + .read + .write + .status + .timeout) == 0' >/dev/null <<<"$json"; then
+            PROBE_REASON="h2load: errors: $json"; return 1
+        fi
+        p=$(sed -n 's/^TLS Protocol: //p' <<<"$out" | head -n 1)
+        c=$(sed -n 's/^Cipher: //p' <<<"$out" | head -n 1)
+        k=$(sed -n 's/^Server Temp Key: \([^ ]*\).*/\1/p' <<<"$out" | head -n 1)
+        a=$(sed -n 's/^Application protocol: //p' <<<"$out" | head -n 1)
+        TLS_INFO[$t]="$p $c ${k:-?} (h2load, ALPN $a)"
+    fi
+    return 0
+}
 
 declare -A NA=()   # target -> reason it is not measured
 BASE_TOOLS=0       # tools in one backend's list
@@ -468,7 +555,7 @@ check_target() { # TARGET: probes it; on failure records NA[TARGET]
         return 0
     fi
     before=$(backend_count "$be" "$m")
-    probe "$(target_url "$t")" "$m" || { NA[$t]=$PROBE_REASON; return 1; }
+    probe "$(target_url "$t")" "$m" "$(proto_of "$t")" || { NA[$t]=$PROBE_REASON; return 1; }
     after=$(backend_count "$be" "$m")
     if ((after <= before)) && [[ $t != portico-agg || $AGG_CACHE != 1 ]]; then
         NA[$t]="answered, but the request never reached backend $be"; return 1
@@ -476,11 +563,26 @@ check_target() { # TARGET: probes it; on failure records NA[TARGET]
     if [[ $t == portico-agg ]] && ((PROBE_TOOLS != 3 * BASE_TOOLS)); then
         NA[$t]="aggregated list has $PROBE_TOOLS tools, want 3 x $BASE_TOOLS"; return 1
     fi
+    if [[ $(proto_of "$t") != http ]]; then
+        tls_check "$t" || { NA[$t]=$PROBE_REASON; return 1; }
+    fi
     return 0
 }
 
 # ---------------------------------------------------------------- start everything
 say "temp dir: $TMP"
+# TLS targets: one self-signed certificate per run (ECDSA P-256, for 127.0.0.1 and localhost),
+# served by nginx and portico alike.
+TLS_CERT=$TMP/tls/cert.pem TLS_KEY=$TMP/tls/key.pem
+if ((WANTS_TLS)); then
+    mkdir -p "$TMP/tls"
+    if ! openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+        -keyout "$TLS_KEY" -out "$TLS_CERT" -subj /CN=127.0.0.1 \
+        -addext 'subjectAltName=IP:127.0.0.1,DNS:localhost' >"$TMP/tls/openssl.log" 2>&1; then
+        DOWN[tls]="no certificate: openssl req failed: $(last_err "$TMP/tls/openssl.log")"
+        DOWN[h2]=${DOWN[tls]} DOWN[nginxtls]=${DOWN[tls]}
+    fi
+fi
 start_backend b1 --name bench-b1 || die "${DOWN[b1]}"
 if wants agg; then start_backend b2 --name bench-b2; start_backend b3 --name bench-b3; fi
 # The span sink of the traced instances: another bench backend (it answers any POST with 200).
@@ -517,7 +619,7 @@ if wants py || wants pycache || wants nginxp || wants passp; then
         DOWN[py]="tests/interop/setup.sh failed: $(last_err "$TMP/py-setup.log")"
     fi
 fi
-if wants nginx || wants nginxh || wants nginxp || wants nginxl; then start_nginx; fi
+if wants nginx || wants nginxh || wants nginxp || wants nginxl || wants nginxtls; then start_nginx; fi
 if wants redis; then
     pick_port; PORT[redisd]=$FREE_PORT
     start redisd redis-server --port "$FREE_PORT" --bind 127.0.0.1 --save '' --appendonly no
@@ -587,7 +689,7 @@ fi
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     echo "- portico commit: $commit"
     echo "- host: $(uname -r), $cpu_model, $NCPU CPU(s); before the run, other processes used ${PRE_LOAD}% of a CPU$( ((PRE_LOAD >= BUSY_MARK)) && echo " (**busy machine: expect noise**)")"
-    echo "- tools: $nginx_ver, wrk $wrk_ver, $("$PORTICO_BIN" --version 2>/dev/null)"
+    echo "- tools: $nginx_ver, wrk $wrk_ver, $("$PORTICO_BIN" --version 2>/dev/null)$(wants_proto h2 && echo ", $(h2load --version 2>/dev/null | head -n 1)")$( ((WANTS_TLS)) && echo ", $(openssl version 2>/dev/null | awk '{print $1, $2}')")"
     echo "- layout: $layout"
     echo "- threads: portico \`workers = $WORKERS\`, nginx \`worker_processes $WORKERS\`, backend $BACKEND_WORKERS ($([[ $BACKEND_WORKERS -le 1 ]] && echo current_thread || echo multi_thread) runtime)"
     echo "- load: $ROUNDS round(s) x ${DURATION} s per target and concurrency, each after ${WARMUP} s of warm-up; rounds interleaved (round → concurrency → target); median of rounds; wrk --timeout $WRK_TIMEOUT"
@@ -597,6 +699,9 @@ fi
         echo "- portico access log: off (\`[log] access = false\`; \`ACCESS_LOG=1\` measures with it on), except \`portico-log\` (on, stderr to a file) against \`nginx-log\` (\`access_log ... buffer=64k flush=1s\`, the same fields)"
     fi
     echo "- nginx: upstream keepalive 64, proxy_buffering off, request buffering on (default), keepalive_requests 1000000, access_log off"
+    if ((WANTS_TLS)); then
+        echo "- TLS (\`-tls\`, \`-h2\`): one self-signed ECDSA P-256 certificate made for this run, served by both; nginx \`ssl_protocols TLSv1.3\`, \`Ciphersuites $TLS_CIPHER\`, \`ssl_ecdh_curve $TLS_GROUP\`; portico \`[server] tls_cert/tls_key\` (rustls defaults); both offer h2 and http/1.1 by ALPN on one listener; keep-alive, upstream plain HTTP/1.1 to the same bench backend. \`-tls\`: wrk, HTTP/1.1 (wrk offers no ALPN). \`-h2\`: h2load \`-c c -m 1\` (one stream per connection: c requests in flight, like wrk), \`--tls13-ciphers $TLS_CIPHER --groups $TLS_GROUP\`, p50/p99 from its per-request log. What each server negotiated: under the TLS and HTTP/2 table"
+    fi
     echo "- backends: examples/bench_backend.rs (targets without a suffix), JSON answers, tools/list result $(grep -o 'tools/list result [0-9]* bytes' "$TMP/b1.err" | awk '{print $3}') bytes; examples/hyper_backend.rs (\`-hyper\`: plain hyper 1.x, defaults, no TCP_NODELAY, 109-byte tools/call answer); the official Python SDK server tests/interop/py_server.py (\`-py-call\`, \`-py\`)"
 } >"$TMP/header.md"
 cat "$TMP/header.md" >&2
@@ -610,6 +715,13 @@ RETRIES_USED=0
 run_wrk() { # TARGET C SECONDS [latency] -> BENCHJSON on stdout
     local t=$1 c=$2 d=$3 th=$LOADGEN_THREADS
     ((th > c)) && th=$c
+    if [[ $(proto_of "$t") == h2 ]]; then
+        # h2load: c connections with one stream each (-m 1), so c requests in flight like wrk -c c;
+        # the same request as mcp.lua; the same BENCHJSON line (benches/h2load.sh).
+        MCP_METHOD=${T_METHOD[$t]} TLS_CIPHER=$TLS_CIPHER TLS_GROUP=$TLS_GROUP H2_TIMEOUT=$WRK_TIMEOUT \
+            pin_loadgen "$BENCHES/h2load.sh" "$(target_url "$t")" "$c" "$th" "$d" ${4:+latency} 2>&1
+        return
+    fi
     MCP_METHOD=${T_METHOD[$t]} pin_loadgen wrk -t "$th" -c "$c" -d "${d}s" --timeout "$WRK_TIMEOUT" \
         ${4:+--latency} -s "$BENCHES/mcp.lua" "$(target_url "$t")" 2>&1
 }
@@ -649,7 +761,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
             done
             json=$(sed -n 's/^BENCHJSON //p' <<<"$out")
             if [[ -z $json ]]; then
-                echo "$t c=$c round $round: wrk gave no result: $(tail -n 2 <<<"$out" | tr '\n' ' ')" >>"$TMP/notes.txt"
+                echo "$t c=$c round $round: $([[ $(proto_of "$t") == h2 ]] && echo h2load || echo wrk) gave no result: $(tail -n 2 <<<"$out" | tr '\n' ' ')" >>"$TMP/notes.txt"
             else
                 jq -r --arg t "$t" --arg m "${T_METHOD[$t]}" --arg c "$c" --arg r "$round" \
                     --arg o "$other" --arg st "$steal" \
@@ -737,6 +849,8 @@ inst_desc() {
     passh) echo "portico-hyper (pass-through to the plain hyper backend)" ;;
     passp) echo "portico-py-call (pass-through to the Python SDK server)" ;;
     passlog) echo "portico-log (pass-through, access log on)" ;;
+    tls) echo "portico-tls (pass-through, TLS, HTTP/1.1 load)" ;;
+    h2) echo "portico-h2 (pass-through, TLS, h2 load)" ;;
     hb) echo "plain hyper backend (hb)" ;;
     py) echo "Python SDK server (mcp 2.3.0)" ;;
     nginx) echo "nginx (worker processes, summed)" ;;
@@ -757,6 +871,29 @@ inst_desc() {
         echo
         awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=backends -f "$BENCHES/stats.awk" -f "$BENCHES/report.awk" \
             "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
+    fi
+    if grep -q $'^portico-tls\t\|^nginx-tls\t\|^portico-h2\t\|^nginx-h2\t' "$TMP/raw.tsv"; then
+        echo
+        echo "### TLS and HTTP/2"
+        echo
+        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=tls -f "$BENCHES/stats.awk" -f "$BENCHES/report.awk" \
+            "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
+        echo
+        echo "× its plain HTTP: req/s over the same server's plain-HTTP \`tools/call\` target (\`portico\`, \`nginx\`) at the same c in this run (– when not measured)."
+        echo "Negotiated at the start of the run (HTTP/1.1 targets: \`openssl s_client\` with OpenSSL's client defaults, as wrk; h2 targets: h2load's own report):"
+        echo
+        for t in $TARGETS; do
+            [[ -n ${TLS_INFO[$t]:-} ]] && echo "- \`$t\`: ${TLS_INFO[$t]}"
+        done
+        for pr in tls h2; do
+            a=${TLS_INFO[portico-$pr]:-} b=${TLS_INFO[nginx-$pr]:-}
+            [[ -n $a && -n $b ]] || continue
+            if [[ $(cut -d' ' -f1-3 <<<"$a") == "$(cut -d' ' -f1-3 <<<"$b")" ]]; then
+                echo "- $pr: portico and nginx negotiated the same protocol version, cipher suite and group"
+            else
+                echo "- **$pr: portico and nginx negotiated different TLS parameters: the comparison is not like for like**"
+            fi
+        done
     fi
     echo
     echo "× direct / × nginx: req/s relative to the direct (or nginx) target at the same concurrency and MCP method in this run;"

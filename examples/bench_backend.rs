@@ -13,9 +13,14 @@
 //! `resultType`/cache hints, and refuses a 2026-07-28 request with 400
 //! `-32000 "Bad Request: Unsupported protocol version: …"` (what portico's probe sees).
 //!
+//! `--listen-every-ms N` (2026-07-28 mode) answers `subscriptions/listen` with an SSE stream:
+//! the acknowledgement (the client's filter, agreed in full), then one
+//! `notifications/tools/list_changed` every N ms, both tagged with the request's id as
+//! `subscriptionId`, until the client leaves (`benches/scale.sh`, open listen streams).
+//!
 //! ```text
 //! cargo run --release --example bench_backend -- [--port N] [--workers N] [--legacy] [--sse]
-//!                                                  [--name NAME]
+//!                                                  [--listen-every-ms N] [--name NAME]
 //! ```
 //! `--port 0` (the default; env `BENCH_BACKEND_PORT`) binds a free port. Once accepting, it prints
 //! exactly `LISTENING <port>` on stdout. `--workers 1` (default; env `BENCH_BACKEND_WORKERS`) runs a
@@ -23,8 +28,11 @@
 //! (`{"tools/list":N,...}`) so the harness can tell a cache hit from a pass-through.
 
 use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Either, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -37,6 +45,7 @@ use std::convert::Infallible;
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 const LATEST: &str = "2026-07-28";
 const LEGACY_VERSIONS: [&str; 3] = ["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -47,12 +56,14 @@ struct Opts {
     workers: usize,
     legacy: bool,
     sse: bool,
+    listen_every_ms: u64,
     name: String,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: bench_backend [--port N] [--workers N] [--legacy] [--sse] [--name NAME]\n\
+         \x20      [--listen-every-ms N]\n\
          env: BENCH_BACKEND_PORT, BENCH_BACKEND_WORKERS"
     );
     std::process::exit(2)
@@ -65,6 +76,7 @@ fn parse_args() -> Opts {
         workers: env_num("BENCH_BACKEND_WORKERS").unwrap_or(1) as usize,
         legacy: false,
         sse: false,
+        listen_every_ms: 0,
         name: "bench-backend".into(),
     };
     let mut it = std::env::args().skip(1);
@@ -79,6 +91,13 @@ fn parse_args() -> Opts {
             "--port" => o.port = val("--port").parse().unwrap_or_else(|_| usage()),
             "--workers" => o.workers = val("--workers").parse().unwrap_or_else(|_| usage()),
             "--name" => o.name = val("--name"),
+            "--listen-every-ms" => {
+                o.listen_every_ms = val("--listen-every-ms")
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .unwrap_or_else(|| usage())
+            }
             "--legacy" => o.legacy = true,
             "--sse" => o.sse = true,
             _ => usage(),
@@ -107,6 +126,9 @@ struct Params<'a> {
     protocol_version: Option<Cow<'a, str>>,
     #[serde(rename = "_meta", borrow, default)]
     meta: Option<Meta<'a>>,
+    /// The filter of a `subscriptions/listen`.
+    #[serde(borrow, default)]
+    notifications: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -133,6 +155,7 @@ struct Counts {
     initialize: AtomicU64,
     ping: AtomicU64,
     notifications: AtomicU64,
+    listen: AtomicU64,
     other: AtomicU64,
     rejected: AtomicU64,
 }
@@ -140,6 +163,8 @@ struct Counts {
 struct State {
     legacy: bool,
     sse: bool,
+    /// `subscriptions/listen` streams send a notification this often; `None` = no listen.
+    listen_every: Option<Duration>,
     fixed: Fixed,
     counts: Counts,
     /// Session ids are `<prefix><n>`; any id with this process's prefix is accepted, so sessions
@@ -245,6 +270,8 @@ fn main() {
     let state = Arc::new(State {
         legacy: opts.legacy,
         sse: opts.sse,
+        listen_every: (opts.listen_every_ms > 0)
+            .then(|| Duration::from_millis(opts.listen_every_ms)),
         fixed: fixed(opts.legacy, &opts.name),
         counts: Counts::default(),
         session_prefix: format!("bench-{:x}-", std::process::id() as u64 ^ now_nanos()),
@@ -280,9 +307,14 @@ async fn serve(state: Arc<State>, opts: Opts) {
         });
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     eprintln!(
-        "bench_backend: {} mode{}, {} worker(s), tools/list result {} bytes, port {port}",
+        "bench_backend: {} mode{}{}, {} worker(s), tools/list result {} bytes, port {port}",
         if opts.legacy { "legacy" } else { "2026-07-28" },
         if opts.sse { " (SSE answers)" } else { "" },
+        match state.listen_every {
+            Some(d) if !opts.legacy =>
+                format!(", listen streams notify every {} ms", d.as_millis()),
+            _ => String::new(),
+        },
         opts.workers.max(1),
         state.fixed.tools_list.len()
     );
@@ -311,10 +343,12 @@ async fn serve(state: Arc<State>, opts: Opts) {
     }
 }
 
-type Resp = Response<Full<Bytes>>;
+/// A listen stream's body: SSE events until the client leaves.
+type Events = StreamBody<BoxStream<'static, Result<Frame<Bytes>, Infallible>>>;
+type Resp = Response<Either<Full<Bytes>, Events>>;
 
 fn resp(status: StatusCode, content_type: &'static str, body: Bytes) -> Resp {
-    let mut r = Response::new(Full::new(body));
+    let mut r = Response::new(Either::Left(Full::new(body)));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -376,6 +410,7 @@ impl State {
             "tools/call": n(&c.tools_call),
             "initialize": n(&c.initialize),
             "ping": n(&c.ping),
+            "subscriptions/listen": n(&c.listen),
             "notifications": n(&c.notifications),
             "other": n(&c.other),
             "rejected": n(&c.rejected),
@@ -508,6 +543,13 @@ fn modern(state: &State, headers: &HeaderMap, msg: Msg) -> Resp {
             c.ping.fetch_add(1, Ordering::Relaxed);
             state.result(id, &state.fixed.ping)
         }
+        "subscriptions/listen" if state.listen_every.is_some() => {
+            c.listen.fetch_add(1, Ordering::Relaxed);
+            let filter = params
+                .and_then(|p| p.notifications)
+                .map_or("{}", RawValue::get);
+            listen(id, filter, state.listen_every.unwrap_or_default())
+        }
         _ => {
             c.other.fetch_add(1, Ordering::Relaxed);
             state.error(
@@ -518,6 +560,41 @@ fn modern(state: &State, headers: &HeaderMap, msg: Msg) -> Resp {
             )
         }
     }
+}
+
+/// `subscriptions/listen`: the acknowledgement, then a `tools/list_changed` every `every`.
+fn listen(id: &str, filter: &str, every: Duration) -> Resp {
+    let event = |method: &str, extra: &str| {
+        Bytes::from(format!(
+            "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"{method}\",\"params\":{{{extra}\"_meta\":{{\"io.modelcontextprotocol/subscriptionId\":{id}}}}}}}\n\n"
+        ))
+    };
+    let ack = event(
+        "notifications/subscriptions/acknowledged",
+        &format!("\"notifications\":{filter},"),
+    );
+    let note = event("notifications/tools/list_changed", "");
+    let start = tokio::time::Instant::now() + every;
+    let ticks =
+        futures_util::stream::unfold(tokio::time::interval_at(start, every), move |mut iv| {
+            let note = note.clone();
+            async move {
+                iv.tick().await;
+                Some((note, iv))
+            }
+        });
+    let events = futures_util::stream::once(async move { ack })
+        .chain(ticks)
+        .map(|b| Ok(Frame::data(b)))
+        .boxed();
+    let mut r = Response::new(Either::Right(StreamBody::new(events)));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
 }
 
 /// Initialize-era behaviour, shaped like the TypeScript SDK v1 (stateful, JSON answers).
