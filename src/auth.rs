@@ -271,6 +271,12 @@ impl Auth {
         self.mode
     }
 
+    /// Whether requests are authenticated at all (mode other than `none`): the pipeline skips
+    /// the (async) step 1b otherwise.
+    pub fn enabled(&self) -> bool {
+        self.mode != AuthMode::None
+    }
+
     /// Step 1b of the pipeline: who is calling. `Ok(None)` only in mode `none`. Async only for
     /// a JWT with an unknown `kid`, which may wait for a JWKS fetch.
     pub async fn authenticate(

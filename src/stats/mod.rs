@@ -38,11 +38,12 @@ pub struct LastError {
 /// error. The one entry point for latency: the per-backend step calls it for each exchange.
 pub fn record_latency(
     stats: &BackendStats,
+    at: Instant,
     took: Duration,
     ok: bool,
     error_reason: Option<&'static str>,
 ) {
-    stats.latency.record(took, ok);
+    stats.latency.record_at(window::period_of(at), took, ok);
     if !ok {
         let reason = error_reason.unwrap_or("backend_error");
         *stats.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastError {

@@ -81,8 +81,15 @@ pub struct WindowSummary {
 
 /// The 10-second period `now` falls in, counted from a process-wide origin (monotonic).
 pub fn period_now() -> u64 {
+    period_of(Instant::now())
+}
+
+/// The 10-second period `at` falls in (a caller that has just read the clock passes its
+/// reading: one read a request fewer).
+pub fn period_of(at: Instant) -> u64 {
     static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    ORIGIN.get_or_init(Instant::now).elapsed().as_secs() / SLOT_SECS
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    at.saturating_duration_since(origin).as_secs() / SLOT_SECS
 }
 
 /// The bucket of a value in µs: its octave (bit length) and the next two bits below the top one.

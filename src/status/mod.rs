@@ -565,10 +565,17 @@ mod tests {
     #[test]
     fn failures_become_the_last_error() {
         let stats = BackendStats::default();
-        record_latency(&stats, Duration::from_millis(3), true, None);
+        record_latency(
+            &stats,
+            std::time::Instant::now(),
+            Duration::from_millis(3),
+            true,
+            None,
+        );
         assert!(stats.last_error.lock().unwrap().is_none());
         record_latency(
             &stats,
+            std::time::Instant::now(),
             Duration::from_millis(30),
             false,
             Some("backend_timeout"),

@@ -98,6 +98,8 @@ pub struct RequestCtx {
     pub status: u16,
     /// Who is calling, once authenticated (`None` in auth mode `none`).
     pub principal: Option<Arc<Principal>>,
+    /// When the backend last answered this request (`upstream_since`).
+    pub answered: Option<StdInstant>,
     /// The caller's rate limit has been charged for this request (once, however many
     /// backends the request reaches).
     pub rate_charged: bool,
@@ -134,6 +136,7 @@ impl RequestCtx {
             cache: None,
             status: 0,
             principal: None,
+            answered: None,
             rate_charged: false,
             built_by_portico: false,
             client: None,
@@ -144,9 +147,21 @@ impl RequestCtx {
         self.start.elapsed()
     }
 
-    /// Adds the time since `since` to the upstream wait.
+    /// Adds the time since `since` to the upstream wait; the clock reading is kept as the
+    /// moment the backend last answered (`answered`).
     pub fn upstream_since(&mut self, since: StdInstant) {
-        self.upstream = Some(self.upstream.unwrap_or_default() + since.elapsed());
+        let now = StdInstant::now();
+        self.upstream = Some(self.upstream.unwrap_or_default() + now.duration_since(since));
+        self.answered = Some(now);
+    }
+
+    /// The request's age at the backend's last answer, or now when none answered (a cache
+    /// hit, a refusal): the per-tool time without another clock read on the usual path.
+    pub fn age_at_answer(&self) -> std::time::Duration {
+        match self.answered {
+            Some(at) => at.duration_since(self.start),
+            None => self.elapsed(),
+        }
     }
 
     /// The id an error answer carries: the parsed one, else whatever the body shows.
@@ -235,7 +250,35 @@ pub async fn step(
     req: &StepRequest<'_>,
 ) -> Result<Answer, GatewayError> {
     let tool = called_tool(req.message);
-    let answer = admit_and_answer(core, ctx, backend, req).await;
+    // One async frame for steps 1 to 7 (admission is synchronous): every frame between the
+    // listener and the transport is polled again at each wake-up of the request.
+    let answer = match admit(core, ctx, backend, req) {
+        Err(e) => Err(e),
+        // Held until the answer head is in (4., 5.).
+        Ok((policy, _admission, _busy)) => {
+            let before = ctx.upstream;
+            // 6. cache, 7. forward or bridge
+            let answer = match req.message {
+                Message::Unread { method, .. } => pass_through(ctx, backend, req, method).await,
+                Message::Parsed(env) => {
+                    // Boxed: the cache and bridge futures are large, and inline they would set
+                    // the size (and the cost of every move) of the pass-through path's state too.
+                    Box::pin(answer(core, ctx, backend, req, env))
+                        .await
+                        .map(|reply| match policy {
+                            Some(f) if env.method == "tools/list" => {
+                                filter_tools_reply(reply, f, req.exposure)
+                            }
+                            _ if env.method == "server/discover" => portico_versions(reply),
+                            _ => reply,
+                        })
+                        .map(|r| Answer::Reply(Box::new(r)))
+                }
+            };
+            record_exchange(backend, ctx, before, &answer);
+            answer
+        }
+    };
     if let Some(tool) = tool {
         let status = match &answer {
             Ok(Answer::Relayed(r)) => Some(r.status()),
@@ -245,8 +288,8 @@ pub async fn step(
             Ok(Answer::Reprobed) => None,
         };
         if let Some(status) = status {
-            // Timed from the request's start (one clock read fewer): what the client waited.
-            let took = ctx.elapsed();
+            // Timed from the request's start to the answer head (no clock read of its own).
+            let took = ctx.age_at_answer();
             let tools = &backend.stats.tools;
             tools.record(&core.metrics, &backend.name, tool, status.as_u16(), took);
         }
@@ -270,13 +313,21 @@ fn called_tool(message: Message<'_>) -> Option<&str> {
     }
 }
 
-/// Steps 1 to 7.
-async fn admit_and_answer(
-    core: &Core,
+/// Steps 1 to 5: the team's tool policy for step 6/7 (a `tools/list` is filtered by it), and
+/// the guards that hold the backend's concurrency slot and in-flight count.
+fn admit<'c>(
+    core: &'c Core,
     ctx: &mut RequestCtx,
-    backend: &Arc<Backend>,
+    backend: &'c Backend,
     req: &StepRequest<'_>,
-) -> Result<Answer, GatewayError> {
+) -> Result<
+    (
+        Option<&'c ToolFilter>,
+        resilience::Admission,
+        crate::stats::Busy<'c>,
+    ),
+    GatewayError,
+> {
     if ctx
         .backend
         .as_ref()
@@ -317,30 +368,9 @@ async fn admit_and_answer(
             Message::Parsed(_) => {}
         }
     }
-    // 4. max_concurrent, 5. circuit breaker: held until the answer head is in.
-    let _admission = backend.resilience.admit(&backend.name)?;
-    let _busy = backend.stats.busy();
-    let before = ctx.upstream;
-    // 6. cache, 7. forward or bridge
-    let answer = match req.message {
-        Message::Unread { method, .. } => pass_through(ctx, backend, req, method).await,
-        Message::Parsed(env) => {
-            // Boxed: the cache and bridge futures are large, and inline they would set the size
-            // (and the cost of every move) of the pass-through path's state too.
-            Box::pin(answer(core, ctx, backend, req, env))
-                .await
-                .map(|reply| match policy {
-                    Some(f) if env.method == "tools/list" => {
-                        filter_tools_reply(reply, f, req.exposure)
-                    }
-                    _ if env.method == "server/discover" => portico_versions(reply),
-                    _ => reply,
-                })
-                .map(|r| Answer::Reply(Box::new(r)))
-        }
-    };
-    record_exchange(backend, ctx.upstream, before, &answer);
-    answer
+    // 4. max_concurrent, 5. circuit breaker
+    let admission = backend.resilience.admit(&backend.name)?;
+    Ok((policy, admission, backend.stats.busy()))
 }
 
 /// Records into the backend's status-page statistics an exchange that reached it (it added
@@ -348,11 +378,15 @@ async fn admit_and_answer(
 /// breaker counts them, and 5xx answers are failures.
 fn record_exchange(
     backend: &Backend,
-    after: Option<std::time::Duration>,
+    ctx: &RequestCtx,
     before: Option<std::time::Duration>,
     answer: &Result<Answer, GatewayError>,
 ) {
-    let Some(took) = after.map(|a| a.saturating_sub(before.unwrap_or_default())) else {
+    let after = ctx.upstream;
+    let (Some(took), Some(at)) = (
+        after.map(|a| a.saturating_sub(before.unwrap_or_default())),
+        ctx.answered,
+    ) else {
         return;
     };
     if after == before {
@@ -365,7 +399,7 @@ fn record_exchange(
         Err(e) if resilience::is_backend_failure(e) => Some(e.reason()),
         Err(_) => None,
     };
-    crate::stats::record_latency(&backend.stats, took, failure.is_none(), failure);
+    crate::stats::record_latency(&backend.stats, at, took, failure.is_none(), failure);
 }
 
 /// [`step`] for a parsed message, when the caller wants decoded messages.
@@ -821,6 +855,7 @@ async fn cached(
     if us != u64::MAX {
         ctx.upstream =
             Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
+        ctx.answered = Some(StdInstant::now());
     }
     ctx.cache = Some(served.outcome.label());
     // The names a backend lists bound its per-tool metrics: learnt from each answer that is
