@@ -56,6 +56,7 @@ TLS_GROUP=${TLS_GROUP:-X25519}
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "run.sh: $*"; exit 1; }
+source "$BENCHES/common.sh"
 
 # ---------------------------------------------------------------- targets
 # target -> which server answers it, and which MCP method the load sends.
@@ -115,14 +116,6 @@ wants_proto() { local t; for t in $TARGETS; do [[ $(proto_of "$t") == "$1" ]] &&
 WANTS_TLS=0; if wants_proto tls || wants_proto h2; then WANTS_TLS=1; fi
 
 # ---------------------------------------------------------------- prerequisites
-cpu_count() { # "0", "0-1", "0,2-3" -> number of CPUs
-    local n=0 part a b
-    IFS=, read -ra parts <<<"$1"
-    for part in "${parts[@]}"; do
-        if [[ $part == *-* ]]; then a=${part%-*} b=${part#*-}; n=$((n + b - a + 1)); else n=$((n + 1)); fi
-    done
-    echo "$n"
-}
 missing=()
 command -v wrk >/dev/null || missing+=(wrk)
 command -v curl >/dev/null || missing+=(curl)
@@ -165,11 +158,6 @@ declare -A PID=()  # server name -> pid
 ALL_PIDS=()        # everything started, for cleanup
 NGINX_MASTER=
 
-alive() { # running, and not a zombie
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n $st && $st != Z ]]
-}
 
 cleanup() {
     local rc=$? pid any
@@ -206,33 +194,8 @@ start() {
     ALL_PIDS+=("$!")
 }
 
-last_err() { # a one-line reason from a log file
-    tail -n 3 "$1" 2>/dev/null | tr '\n' ' ' | sed 's/\x1b\[[0-9;]*m//g; s/  */ /g' | cut -c1-160
-}
 
-USED_PORTS=" "
-FREE_PORT=
-pick_port() { # sets FREE_PORT to a port nothing listens on (below the ephemeral range)
-    local p
-    for _ in $(seq 500); do
-        p=$((20000 + RANDOM % 12000))
-        [[ $USED_PORTS == *" $p "* ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            USED_PORTS+="$p "; FREE_PORT=$p; return 0
-        fi
-    done
-    die "no free port found"
-}
 
-wait_port() { # PORT PID [SECONDS]: until PORT accepts connections; fails if PID dies
-    local port=$1 pid=$2 tries=$((${3:-10} * 20))
-    while ((tries-- > 0)); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        alive "$pid" || return 1
-        sleep 0.05
-    done
-    return 1
-}
 
 # A fixed key, so portico does not warn about generating one (legacy sessions are not the topic).
 SESSION_KEY=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -256,7 +219,6 @@ start_backend() { # NAME ARGS...
     return 1
 }
 
-status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
 
 # A generated portico config. $1 = instance name, $2 = port; the rest is per instance.
 portico_conf() {

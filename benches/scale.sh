@@ -41,6 +41,7 @@ BACKEND_BIN=${BACKEND_BIN:-$TARGET_DIR/release/examples/bench_backend}
 
 say() { printf '%s\n' "$*" >&2; }
 die() { say "scale.sh: $*"; exit 1; }
+source "$BENCHES/common.sh"
 
 posint() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer (got '$2')"; }
 posint SESSIONS "$SESSIONS"; posint STREAMS "$STREAMS"; posint SOAK_S "$SOAK_S"
@@ -53,14 +54,6 @@ done
 wants() { [[ " $PART " == *" $1 "* ]]; }
 
 # ---------------------------------------------------------------- prerequisites
-cpu_count() { # "0", "0-1", "0,2-3" -> number of CPUs
-    local n=0 part a b
-    IFS=, read -ra parts <<<"$1"
-    for part in "${parts[@]}"; do
-        if [[ $part == *-* ]]; then a=${part%-*} b=${part#*-}; n=$((n + b - a + 1)); else n=$((n + 1)); fi
-    done
-    echo "$n"
-}
 missing=()
 for c in wrk curl jq taskset "$PYTHON" timeout; do command -v "$c" >/dev/null || missing+=("$c"); done
 ((${#missing[@]} == 0)) || die "missing: ${missing[*]} (e.g. apt-get install -y wrk curl jq util-linux python3)"
@@ -89,11 +82,6 @@ TMP=$(mktemp -d /tmp/portico-scale.XXXXXX) || die "mktemp failed"
 declare -A PID=()  # name -> pid
 ALL_PIDS=()        # everything started and not yet stopped, for cleanup
 
-alive() { # running, and not a zombie
-    local st
-    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [[ -n $st && $st != Z ]]
-}
 
 forget() { # PID: no longer ours to stop (it was stopped and reaped)
     local p keep=()
@@ -146,33 +134,8 @@ bg() {
     ALL_PIDS+=("$!")
 }
 
-last_err() { # a one-line reason from a log file
-    tail -n 3 "$1" 2>/dev/null | tr '\n' ' ' | sed 's/\x1b\[[0-9;]*m//g; s/  */ /g' | cut -c1-160
-}
 
-USED_PORTS=" "
-FREE_PORT=
-pick_port() { # sets FREE_PORT to a port nothing listens on (below the ephemeral range)
-    local p
-    for _ in $(seq 500); do
-        p=$((20000 + RANDOM % 12000))
-        [[ $USED_PORTS == *" $p "* ]] && continue
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            USED_PORTS+="$p "; FREE_PORT=$p; return 0
-        fi
-    done
-    die "no free port found"
-}
 
-wait_port() { # PORT PID [SECONDS]: until PORT accepts connections; fails if PID dies
-    local port=$1 pid=$2 tries=$((${3:-10} * 20))
-    while ((tries-- > 0)); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-        alive "$pid" || return 1
-        sleep 0.05
-    done
-    return 1
-}
 
 wait_file() { # FILE PID SECONDS: until FILE exists; fails if PID dies first or time runs out
     local end=$((SECONDS + $3))
@@ -194,7 +157,6 @@ wait_exit() { # PID SECONDS: until PID exits (then reaped; its status in WAIT_RC
     forget "$1"
 }
 
-status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 kib() { awk -v k="${1:-}" 'BEGIN { if (k == "") print "–"; else printf "%.1f MiB", k / 1024 }'; }
 

@@ -1,0 +1,46 @@
+# Helpers shared by benches/run.sh and benches/scale.sh (sourced after their `say`/`die`).
+
+cpu_count() { # "0", "0-1", "0,2-3" -> number of CPUs
+    local n=0 part a b
+    IFS=, read -ra parts <<<"$1"
+    for part in "${parts[@]}"; do
+        if [[ $part == *-* ]]; then a=${part%-*} b=${part#*-}; n=$((n + b - a + 1)); else n=$((n + 1)); fi
+    done
+    echo "$n"
+}
+
+alive() { # running, and not a zombie
+    local st
+    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [[ -n $st && $st != Z ]]
+}
+
+last_err() { # a one-line reason from a log file
+    tail -n 3 "$1" 2>/dev/null | tr '\n' ' ' | sed 's/\x1b\[[0-9;]*m//g; s/  */ /g' | cut -c1-160
+}
+
+USED_PORTS=" "
+FREE_PORT=
+pick_port() { # sets FREE_PORT to a port nothing listens on (below the ephemeral range)
+    local p
+    for _ in $(seq 500); do
+        p=$((20000 + RANDOM % 12000))
+        [[ $USED_PORTS == *" $p "* ]] && continue
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            USED_PORTS+="$p "; FREE_PORT=$p; return 0
+        fi
+    done
+    die "no free port found"
+}
+
+wait_port() { # PORT PID [SECONDS]: until PORT accepts connections; fails if PID dies
+    local port=$1 pid=$2 tries=$((${3:-10} * 20))
+    while ((tries-- > 0)); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
+        alive "$pid" || return 1
+        sleep 0.05
+    done
+    return 1
+}
+
+status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
