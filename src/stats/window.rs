@@ -137,12 +137,7 @@ fn quantile(counts: &[u64; BUCKETS], total: u64, q: f64) -> Option<Duration> {
 }
 
 impl Window {
-    /// Records one upstream time, in the current period.
-    pub fn record(&self, took: Duration, ok: bool) {
-        self.record_at(period_now(), took, ok);
-    }
-
-    /// Records one upstream time in `period` (the clock is a parameter for the tests).
+    /// Records one upstream time in `period` (`period_of` the moment it ended).
     pub fn record_at(&self, period: u64, took: Duration, ok: bool) {
         let slot = &self.slots[(period % SLOTS as u64) as usize];
         let tag = period + 1;

@@ -151,8 +151,13 @@ impl RequestCtx {
     /// moment the backend last answered (`answered`).
     pub fn upstream_since(&mut self, since: StdInstant) {
         let now = StdInstant::now();
-        self.upstream = Some(self.upstream.unwrap_or_default() + now.duration_since(since));
-        self.answered = Some(now);
+        self.add_upstream(now.duration_since(since), now);
+    }
+
+    /// Adds `took` of upstream wait that ended at `at` (the one place both fields change).
+    pub fn add_upstream(&mut self, took: std::time::Duration, at: StdInstant) {
+        self.upstream = Some(self.upstream.unwrap_or_default() + took);
+        self.answered = Some(at);
     }
 
     /// The request's age at the backend's last answer, or now when none answered (a cache
@@ -853,9 +858,7 @@ async fn cached(
         .await?;
     let us = upstream_us.into_inner();
     if us != u64::MAX {
-        ctx.upstream =
-            Some(ctx.upstream.unwrap_or_default() + std::time::Duration::from_micros(us));
-        ctx.answered = Some(StdInstant::now());
+        ctx.add_upstream(std::time::Duration::from_micros(us), StdInstant::now());
     }
     ctx.cache = Some(served.outcome.label());
     // The names a backend lists bound its per-tool metrics: learnt from each answer that is
