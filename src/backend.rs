@@ -69,6 +69,8 @@ pub struct Backend {
     /// The `x-mcp-header` annotations of its tools, for the `Mcp-Param-*` headers portico
     /// builds when it writes a 2026-07-28 `tools/call` itself.
     pub tool_params: crate::param_headers::ToolParams,
+    /// The last `tools/list` result learnt from ([`Backend::learn_tools_list`]).
+    tools_list_seen: std::sync::Mutex<Bytes>,
 }
 
 impl Backend {
@@ -119,7 +121,34 @@ impl Backend {
             team_headers,
             stats: Default::default(),
             tool_params: Default::default(),
+            tools_list_seen: Default::default(),
         })
+    }
+
+    /// Learns the tool names (per-tool metric labels, `stats::tools`) and `x-mcp-header`
+    /// annotations (`param_headers`) from a `tools/list` answer — unless the answer's result
+    /// is the one learnt from last time. A list is mostly the same list again: without the
+    /// check, every uncached list (an aggregated endpoint asks each member for one per client
+    /// list) paid two full parses of it; a comparison of the text from `"result"` on (the id,
+    /// written before it, does not count) costs a `memcmp`.
+    pub fn learn_tools_list(&self, answer: &Bytes) {
+        let from = answer
+            .windows(8)
+            .position(|w| w == b"\"result\"")
+            .unwrap_or(0);
+        let result = answer.slice(from..);
+        {
+            let mut seen = self
+                .tools_list_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if *seen == result {
+                return;
+            }
+            *seen = result;
+        }
+        self.stats.tools.learn_list(answer);
+        self.tool_params.learn_list(answer);
     }
 
     /// How the backend's messages travel: the configured transport, or the HTTP+SSE link the

@@ -1,8 +1,12 @@
-//! JSON-RPC 2.0 as MCP uses it: request ids, error codes and the error message builder. A leaf:
+//! JSON-RPC 2.0 as MCP uses it: request ids, error codes, the error message builder, and an
+//! object's members as raw text (for rewriting one member without reformatting the rest). A leaf:
 //! the error type (`error`) and the MCP vocabulary (`protocol`, which re-exports these) both
 //! build on it, so it imports nothing of portico's.
 
+use serde::Deserialize;
+use serde::de::{MapAccess, Visitor};
 use serde_json::value::RawValue;
+use std::fmt;
 
 /// JSON-RPC and MCP error codes.
 pub mod code {
@@ -91,4 +95,36 @@ pub fn error_body(
         msg["id"] = id.to_value();
     }
     serde_json::to_vec(&msg).unwrap_or_default()
+}
+
+// === JSON text surgery ===
+
+/// An object's members, in order, each value as its raw text: rewriting one member of an object
+/// never reformats the others (no float rounding, no key reordering, duplicates visible).
+#[derive(Debug)]
+pub struct Members<'a>(pub Vec<(String, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `json`'s members when it is an object; `None` for anything else or invalid JSON.
+pub fn parse_members(json: &str) -> Option<Members<'_>> {
+    serde_json::from_str(json).ok()
 }

@@ -2,10 +2,16 @@
 //! merging list pages and discover results, and URI-template matching for `resources/read`
 //! routing. No IO, no clock, no globals: every function is a value in, a value out.
 
+use serde::de::{
+    Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
+use std::collections::HashMap;
+use std::fmt;
 
 use crate::config::ToolFilter;
-use std::collections::HashMap;
+use crate::jsonrpc::Members;
 
 /// How one member's names appear on the endpoint.
 #[derive(Debug, Clone)]
@@ -96,16 +102,249 @@ impl ListKind {
     }
 }
 
-/// One member's page: its index in the endpoint and the `result` object it returned.
-pub struct PartPage {
+/// One member's list page, read from its answer in one pass ([`read_list_answer`]): what the
+/// merge needs of the result, the items as raw members.
+#[derive(Debug, Default)]
+pub struct PartPage<'a> {
+    /// The member's index in the endpoint.
     pub member: usize,
-    pub result: Map<String, Value>,
+    /// `ttlMs`: a non-negative integer, else 0 (missing included).
+    pub ttl_ms: u64,
+    /// `cacheScope` is `"public"` (absent is treated as private, docs/protocol.md §3).
+    pub public: bool,
+    /// `nextCursor`, when it is a string.
+    pub next: Option<String>,
+    /// The items, each an object's members as raw text (`None`: not an object).
+    pub items: Vec<Option<Members<'a>>>,
+}
+
+/// What a member answered to a list request.
+#[derive(Debug)]
+pub enum ListAnswer<'a> {
+    /// A result object (with or without the list field).
+    Page(PartPage<'a>),
+    /// A JSON-RPC error (the `error` member).
+    Error(Value),
+    /// Neither: not JSON, or no object result and no error.
+    Neither,
+}
+
+/// Reads a member's answer to a list request of `kind` in one pass over its text: the items'
+/// members are cut out as raw text, so nothing is parsed into a tree or scanned twice (an
+/// aggregated list is one such read per member per uncached request).
+pub fn read_list_answer(kind: ListKind, member: usize, message: &[u8]) -> ListAnswer<'_> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(message);
+    match (MessageSeed { kind, member }).deserialize(&mut de) {
+        Ok((Some(page), _)) => ListAnswer::Page(page),
+        Ok((None, Some(error))) => ListAnswer::Error(error),
+        _ => ListAnswer::Neither,
+    }
+}
+
+/// The message object: its `result` (as a page) and `error`; the rest skipped.
+struct MessageSeed {
+    kind: ListKind,
+    member: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for MessageSeed {
+    type Value = (Option<PartPage<'de>>, Option<Value>);
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MessageSeed {
+    type Value = (Option<PartPage<'de>>, Option<Value>);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON-RPC response")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut result, mut error) = (None, None);
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "result" => {
+                    result = map.next_value_seed(PageSeed {
+                        kind: self.kind,
+                        member: self.member,
+                    })?
+                }
+                "error" => error = Some(map.next_value::<Value>()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok((result, error))
+    }
+}
+
+/// A `result`: a page when it is an object, `None` for anything else.
+struct PageSeed {
+    kind: ListKind,
+    member: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for PageSeed {
+    type Value = Option<PartPage<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PageSeed {
+    type Value = Option<PartPage<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a result")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut page = PartPage {
+            member: self.member,
+            ..PartPage::default()
+        };
+        // As a tree's lookup would: the last of duplicate members counts.
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "ttlMs" => page.ttl_ms = ttl_of(map.next_value::<&RawValue>()?.get()),
+                "cacheScope" => {
+                    page.public = map.next_value::<&RawValue>()?.get() == "\"public\"";
+                }
+                "nextCursor" => {
+                    let raw = map.next_value::<&RawValue>()?;
+                    page.next = serde_json::from_str::<String>(raw.get()).ok();
+                }
+                k if k == self.kind.field() => page.items = map.next_value::<Items<'de>>()?.0,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Some(page))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+/// The list field: the items of an array (anything else: none).
+struct Items<'a>(Vec<Option<Members<'a>>>);
+
+impl<'de> Deserialize<'de> for Items<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Items<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items<'de>, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(16).min(4096));
+                while let Some(item) = seq.next_element_seed(PageItem)? {
+                    items.push(item);
+                }
+                Ok(Items(items))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Items<'de>, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Items(Vec::new()))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Items<'de>, E> {
+                Ok(Items(Vec::new()))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Items<'de>, E> {
+                Ok(Items(Vec::new()))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Items<'de>, E> {
+                Ok(Items(Vec::new()))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Items<'de>, E> {
+                Ok(Items(Vec::new()))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Items<'de>, E> {
+                Ok(Items(Vec::new()))
+            }
+            fn visit_unit<E>(self) -> Result<Items<'de>, E> {
+                Ok(Items(Vec::new()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One item: an object's members as raw text, `None` for anything else.
+struct PageItem;
+
+impl<'de> DeserializeSeed<'de> for PageItem {
+    type Value = Option<Members<'de>>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for PageItem {
+    type Value = Option<Members<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an item")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4).min(64));
+        while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+            members.push(member);
+        }
+        Ok(Some(Members(members)))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
 }
 
 /// A merged page.
 #[derive(Debug, Default)]
 pub struct Merged {
-    pub items: Vec<Value>,
+    /// The merged items as one JSON array text. Items are copied as the members wrote them;
+    /// only a renamed item's name member is rewritten.
+    pub items: Vec<u8>,
+    /// How many items `items` holds.
+    pub count: usize,
     /// Minimum of the parts' `ttlMs` (a missing or negative one counts as 0).
     pub ttl_ms: u64,
     /// Any part private, or without a `cacheScope` (docs/protocol.md §3: absent is treated as private).
@@ -129,37 +368,37 @@ pub struct Collision {
 /// Merges member pages, in the order given (the caller passes config order), rewriting names.
 /// A name two members both expose is an error naming both, never a silent overwrite; a URI two
 /// members both list is routed to the first, so the later duplicate is left out.
+///
+/// Works on the text, not on `Value` trees: the merged array is written from the items' raw
+/// members, so a tool's schema is copied, never parsed into a tree and written again. An item
+/// that is not an object or has no string key is left out (nothing to route it by).
 pub fn merge_list(
     kind: ListKind,
     members: &[Naming],
     sep: &str,
-    parts: Vec<PartPage>,
+    parts: &[PartPage<'_>],
 ) -> Result<Merged, Collision> {
     let mut out = Merged {
         ttl_ms: u64::MAX,
         ..Merged::default()
     };
+    out.items.push(b'[');
     let mut seen: HashMap<String, usize> = HashMap::new();
     for part in parts {
         let Some(naming) = members.get(part.member) else {
             continue;
         };
-        let mut result = part.result;
-        out.ttl_ms = out.ttl_ms.min(result.get("ttlMs").map_or(0, ttl_of));
-        out.private |= result.get("cacheScope").and_then(Value::as_str) != Some("public");
-        if let Some(Value::String(c)) = result.get("nextCursor") {
+        out.ttl_ms = out.ttl_ms.min(part.ttl_ms);
+        out.private |= !part.public;
+        if let Some(c) = &part.next {
             out.next.push((part.member, c.clone()));
         }
-        let Some(Value::Array(items)) = result.remove(kind.field()) else {
-            continue;
-        };
-        for mut item in items {
-            let Some(key) = item
-                .get(kind.key())
-                .and_then(Value::as_str)
-                .map(String::from)
-            else {
+        for Members(fields) in part.items.iter().flatten() {
+            let Some((_, raw_key)) = fields.iter().rev().find(|(n, _)| n == kind.key()) else {
                 continue; // malformed item: nothing to route it by
+            };
+            let Ok(key) = serde_json::from_str::<String>(raw_key.get()) else {
+                continue;
             };
             if kind == ListKind::Tools && !naming.tool_allowed(&key) {
                 continue;
@@ -180,22 +419,59 @@ pub fn merge_list(
                 out.shadowed += 1;
                 continue;
             }
-            seen.insert(exposed.clone(), part.member);
-            if kind.renamed() {
-                item[kind.key()] = json!(exposed);
+            if out.count > 0 {
+                out.items.push(b',');
             }
+            let rename = kind.renamed() && !naming.prefix.is_empty();
+            write_item(
+                &mut out.items,
+                fields,
+                kind.key(),
+                rename.then_some(&exposed),
+            );
+            out.count += 1;
+            seen.insert(exposed.clone(), part.member);
             out.owners.push((exposed, part.member));
-            out.items.push(item);
         }
     }
+    out.items.push(b']');
     if out.ttl_ms == u64::MAX {
         out.ttl_ms = 0;
     }
     Ok(out)
 }
 
-fn ttl_of(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
+/// Writes an item object from its raw members; with `rename`, every `key` member set to it.
+fn write_item(
+    out: &mut Vec<u8>,
+    fields: &[(String, &RawValue)],
+    key: &str,
+    rename: Option<&String>,
+) {
+    out.push(b'{');
+    for (i, (field, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(out, field);
+        out.push(b':');
+        match rename {
+            Some(name) if field == key => write_str(out, name),
+            _ => out.extend_from_slice(value.get().as_bytes()),
+        }
+    }
+    out.push(b'}');
+}
+
+/// A JSON string, escaped as serde_json escapes, written straight into `out`.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a `str` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// A `ttlMs` as raw text: a non-negative integer, else 0 (as `Value::as_u64` reads it).
+fn ttl_of(raw: &str) -> u64 {
+    raw.trim().parse().unwrap_or(0)
 }
 
 /// Merged `server/discover` facts: union of capabilities, instructions labelled by backend,
@@ -217,7 +493,7 @@ pub fn merge_discover(
         {
             instructions.push(format!("[{}] {}", n.backend, text.trim()));
         }
-        ttl = ttl.min(r.get("ttlMs").map_or(0, ttl_of));
+        ttl = ttl.min(r.get("ttlMs").and_then(Value::as_u64).unwrap_or(0));
         private |= r.get("cacheScope").and_then(Value::as_str) != Some("public");
     }
     let mut out = Map::new();
@@ -319,11 +595,40 @@ mod tests {
         }
     }
 
-    fn page(member: usize, v: Value) -> PartPage {
-        PartPage {
-            member,
-            result: v.as_object().unwrap().clone(),
-        }
+    /// Each part as a member's answer (`{"result": …}`), read and merged as the endpoint does.
+    fn merge_texts(
+        kind: ListKind,
+        members: &[Naming],
+        parts: &[(usize, &str)],
+    ) -> Result<Merged, Collision> {
+        let messages: Vec<(usize, String)> = parts
+            .iter()
+            .map(|(m, r)| (*m, format!(r#"{{"jsonrpc":"2.0","id":1,"result":{r}}}"#)))
+            .collect();
+        let pages: Vec<PartPage> = messages
+            .iter()
+            .filter_map(
+                |(m, text)| match read_list_answer(kind, *m, text.as_bytes()) {
+                    ListAnswer::Page(p) => Some(p),
+                    _ => None,
+                },
+            )
+            .collect();
+        merge_list(kind, members, "__", &pages)
+    }
+
+    fn merge(
+        kind: ListKind,
+        members: &[Naming],
+        parts: &[(usize, Value)],
+    ) -> Result<Merged, Collision> {
+        let texts: Vec<(usize, String)> = parts.iter().map(|(m, v)| (*m, v.to_string())).collect();
+        let texts: Vec<(usize, &str)> = texts.iter().map(|(m, t)| (*m, t.as_str())).collect();
+        merge_texts(kind, members, &texts)
+    }
+
+    fn items(m: &Merged) -> Vec<Value> {
+        serde_json::from_slice(&m.items).unwrap()
     }
 
     #[test]
@@ -331,22 +636,22 @@ mod tests {
         let mut gh = naming("github", "gh");
         gh.tools.deny = vec!["delete_*".into()];
         let members = vec![gh, naming("files", "")];
-        let m = merge_list(
+        let m = merge(
             ListKind::Tools,
             &members,
-            "__",
-            vec![
-                page(0, json!({"tools":[{"name":"search"},{"name":"delete_repo"}],"ttlMs":500,"cacheScope":"public","nextCursor":"c2"})),
-                page(1, json!({"tools":[{"name":"read"}],"ttlMs":100})),
+            &[
+                (0, json!({"tools":[{"name":"search","inputSchema":{"type":"object"}},{"name":"delete_repo"}],"ttlMs":500,"cacheScope":"public","nextCursor":"c2"})),
+                (1, json!({"tools":[{"name":"read"}],"ttlMs":100})),
             ],
         )
         .unwrap();
-        let names: Vec<_> = m
-            .items
+        let names: Vec<_> = items(&m)
             .iter()
-            .map(|t| t["name"].as_str().unwrap())
+            .map(|t| t["name"].as_str().unwrap().to_string())
             .collect();
         assert_eq!(names, ["gh__search", "read"]);
+        assert_eq!(m.count, 2);
+        assert_eq!(items(&m)[0]["inputSchema"], json!({"type":"object"}));
         assert_eq!(m.ttl_ms, 100);
         assert!(
             m.private,
@@ -360,17 +665,88 @@ mod tests {
     #[test]
     fn bare_collision_names_both_backends() {
         let members = vec![naming("a", ""), naming("b", "")];
-        let e = merge_list(
+        let e = merge(
             ListKind::Prompts,
             &members,
-            "__",
-            vec![
-                page(0, json!({"prompts":[{"name":"greet"}]})),
-                page(1, json!({"prompts":[{"name":"greet"}]})),
+            &[
+                (0, json!({"prompts":[{"name":"greet"}]})),
+                (1, json!({"prompts":[{"name":"greet"}]})),
             ],
         )
         .unwrap_err();
         assert_eq!((e.first.as_str(), e.second.as_str()), ("a", "b"));
+    }
+
+    #[test]
+    fn text_is_kept_byte_for_byte_except_the_name() {
+        let members = vec![naming("a", "a"), naming("b", "")];
+        // Numbers as written (no float rounding), member order kept, escapes in names decoded
+        // and re-escaped, malformed items and parts left out.
+        let a = r#"{"tools":[{"x":1.50,"name":"t\u00e9","y":[1e3]},7,{"name":3}],"ttlMs":9,"cacheScope":"public"}"#;
+        let b = r#"{"tools":[{"name":"u","z":{"k":"v"}}],"ttlMs":4.5,"cacheScope":"public"}"#;
+        let m = merge_texts(ListKind::Tools, &members, &[(0, a), (1, "[]"), (1, b)]).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&m.items).unwrap(),
+            r#"[{"x":1.50,"name":"a__té","y":[1e3]},{"name":"u","z":{"k":"v"}}]"#
+        );
+        assert_eq!(m.count, 2);
+        assert_eq!(m.ttl_ms, 0, "a ttlMs that is not an integer counts as 0");
+        assert!(!m.private);
+        assert_eq!(m.owners, [("a__té".to_string(), 0), ("u".to_string(), 1)]);
+        // URIs: kept as written, a later member's duplicate left out.
+        let r = merge(
+            ListKind::Resources,
+            &members,
+            &[
+                (0, json!({"resources":[{"uri":"f:///1"}],"ttlMs":5,"cacheScope":"public"})),
+                (1, json!({"resources":[{"uri":"f:///1"},{"uri":"f:///2"}],"ttlMs":5,"cacheScope":"public"})),
+            ],
+        )
+        .unwrap();
+        assert_eq!(r.shadowed, 1);
+        assert_eq!(
+            items(&r),
+            [json!({"uri":"f:///1"}), json!({"uri":"f:///2"})]
+        );
+        assert_eq!(r.ttl_ms, 5);
+        // An empty merge is still an array.
+        let e = merge(ListKind::Prompts, &members, &[]).unwrap();
+        assert_eq!((&e.items[..], e.count, e.ttl_ms), (&b"[]"[..], 0, 0));
+    }
+
+    #[test]
+    fn answers_are_read_in_one_pass_whatever_their_shape() {
+        let read = |text: &'static str| read_list_answer(ListKind::Tools, 0, text.as_bytes());
+        assert!(matches!(read("not json"), ListAnswer::Neither));
+        assert!(matches!(
+            read(r#"{"id":1,"result":[1]}"#),
+            ListAnswer::Neither
+        ));
+        assert!(matches!(read(r#"{"id":1}"#), ListAnswer::Neither));
+        let ListAnswer::Error(e) = read(r#"{"id":1,"error":{"code":-32601,"message":"no"}}"#)
+        else {
+            panic!("an error");
+        };
+        assert_eq!(e["code"], -32601);
+        // Members before and after the result, items of every kind: read, not refused.
+        let ListAnswer::Page(p) = read(
+            r#"{"jsonrpc":"2.0","result":{"x":[{"y":null}],"tools":[{"name":"a"},[],"s",1,-1,1.5,true,null],"nextCursor":"c","cacheScope":"public","ttlMs":7},"id":"q"}"#,
+        ) else {
+            panic!("a page");
+        };
+        assert_eq!(
+            (p.ttl_ms, p.public, p.next.as_deref()),
+            (7, true, Some("c"))
+        );
+        assert_eq!(p.items.len(), 8);
+        assert_eq!(p.items.iter().flatten().count(), 1);
+        // A list field that is not an array: no items.
+        let ListAnswer::Page(p) =
+            read(r#"{"result":{"tools":{"name":"a"},"cacheScope":"private"}}"#)
+        else {
+            panic!("a page");
+        };
+        assert!(p.items.is_empty() && !p.public && p.ttl_ms == 0);
     }
 
     #[test]

@@ -33,19 +33,24 @@ mod listen;
 
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
+use crate::auth;
 use crate::backend::Backend;
 use crate::body::{Body, render};
+use crate::cache::{Fetched, KeyInput};
 use crate::config::{EndpointBackend, EndpointConfig, FailureMode};
 use crate::error::GatewayError;
 use crate::frontend::{self, Head};
-use crate::merge::{self, ListKind, Naming, PartPage};
+use crate::jsonrpc::{Members, parse_members};
+use crate::merge::{self, ListAnswer, ListKind, Naming};
 use crate::protocol::{self, Envelope, Kind, SUPPORTED_VERSIONS, code, header as h, meta};
+use crate::resilience::BreakerState;
 use crate::step::{self, Core, Exposure, RequestCtx};
 use crate::upstream::Reply;
 
@@ -77,6 +82,10 @@ pub struct Endpoint {
     /// What a cursor is bound to: the path and the member names, so a cursor from before a
     /// reload that changed the members (and with them the indexes) no longer opens.
     cursor_scope: Vec<u8>,
+    /// What the merged answers are cached under: the path and a digest of the endpoint's
+    /// config, so replicas sharing Redis with a different config for the path (a rolling
+    /// update) never serve each other's merges. Backend names cannot hold `/` or `#`.
+    pub cache_name: String,
     index: RwLock<Index>,
 }
 
@@ -133,6 +142,7 @@ impl Endpoint {
             debounce: Duration::from_millis(cfg.debounce_ms),
             timeout,
             cursor_scope: scope,
+            cache_name: format!("{}#{}", cfg.path, config_digest(cfg)),
             index: RwLock::new(Index::default()),
         })
     }
@@ -230,6 +240,12 @@ impl Endpoint {
     }
 }
 
+/// A short digest of an endpoint's config (its `Debug` text: every field, in order).
+fn config_digest(cfg: &EndpointConfig) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, format!("{cfg:?}").as_bytes());
+    hex::encode(&d.as_ref()[..12])
+}
+
 /// A modern (2026-07-28) request on an endpoint. Unlike a single backend there is no
 /// pass-through: portico acts on every message (fan-out, renaming, routing), so the body is
 /// always parsed and the mirrored headers always checked against it.
@@ -284,8 +300,14 @@ pub async fn answer(
     }
     // Charged once here, so the fan-out does not charge per member.
     step::charge(core, ctx)?;
-    let client: Value =
-        serde_json::from_slice(&body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+    let list_kind = ListKind::from_method(&env.method);
+    // The fan-out methods build their part requests from the raw `_meta`; only the routed
+    // ones (which rewrite the body) and the listen need the body as a tree.
+    let client: Value = if list_kind.is_some() || env.method == "server/discover" {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body).map_err(|e| GatewayError::Parse(e.to_string()))?
+    };
     let req = Req {
         core,
         ctx: ctx.clone(),
@@ -293,9 +315,11 @@ pub async fn answer(
         headers,
         env,
         client: &client,
+        part_meta: part_meta(&body, env.has_progress_token),
+        body: &body,
     };
-    if let Some(kind) = ListKind::from_method(&env.method) {
-        return list(&req, kind).await;
+    if let Some(kind) = list_kind {
+        return list(&req, ctx, kind).await;
     }
     match env.method.as_str() {
         "server/discover" => discover(&req).await,
@@ -317,8 +341,50 @@ struct Req<'a> {
     ep: &'a Arc<Endpoint>,
     headers: &'a HeaderMap,
     env: &'a Envelope,
-    /// The client's body, parsed.
+    /// The client's body, parsed (`Null` for the fan-out methods, which need only `part_meta`).
     client: &'a Value,
+    /// The client's `params._meta` as JSON text, for the part requests.
+    part_meta: String,
+    /// The client's body as it came.
+    body: &'a Bytes,
+}
+
+/// The client's `_meta` for a part request: protocol version, capabilities, clientInfo, trace
+/// context — everything but the progress token, which belongs to the client's own request
+/// (lists do not report progress). Cut from the body's text: nothing else is parsed.
+fn part_meta(body: &[u8], has_progress_token: bool) -> String {
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow, default)]
+        params: Option<Params<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow, rename = "_meta", default)]
+        meta: Option<&'a RawValue>,
+    }
+    let meta = serde_json::from_slice::<Message>(body)
+        .ok()
+        .and_then(|m| m.params?.meta)
+        .map_or("{}", RawValue::get);
+    if !has_progress_token {
+        return meta.to_string();
+    }
+    let Some(Members(fields)) = parse_members(meta) else {
+        return "{}".into();
+    };
+    let mut out = Vec::with_capacity(meta.len());
+    out.push(b'{');
+    for (name, value) in fields.iter().filter(|(n, _)| n != "progressToken") {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        merge::write_str(&mut out, name);
+        out.push(b':');
+        out.extend_from_slice(value.get().as_bytes());
+    }
+    out.push(b'}');
+    String::from_utf8(out).unwrap_or_else(|_| "{}".into())
 }
 
 impl Req<'_> {
@@ -326,25 +392,31 @@ impl Req<'_> {
         self.env.id.as_ref().map_or(Value::Null, |i| i.to_value())
     }
 
-    /// The client's `_meta` for a part request: protocol version, capabilities, clientInfo,
-    /// trace context — everything but the progress token, which belongs to the client's own
-    /// request (lists do not report progress).
-    fn part_meta(&self) -> Value {
-        let mut m = self.client["params"]["_meta"].clone();
-        if let Some(o) = m.as_object_mut() {
-            o.remove("progressToken");
-        }
-        m
+    /// The request's id as JSON text (`null` for none).
+    fn id_json(&self) -> &str {
+        self.env.id.as_ref().map_or("null", |i| i.json())
     }
 
-    /// A 2026-07-28 request for one member.
-    fn part_body(&self, method: &str, mut params: Map<String, Value>) -> Bytes {
-        params.insert("_meta".into(), self.part_meta());
-        // `to_vec`, not `to_string`: the latter goes through `fmt::Write` (measurably slower
-        // on the fan-out path, which serializes one body per member per request).
-        Bytes::from(to_json(
-            &json!({"jsonrpc":"2.0","id":self.id(),"method":method,"params":params}),
-        ))
+    /// A 2026-07-28 request for one member: `params` plus the client's `_meta`, written as
+    /// text (one body per member per request on the fan-out path).
+    fn part_body(&self, method: &str, params: Map<String, Value>) -> Bytes {
+        let mut out = Vec::with_capacity(96 + method.len() + self.part_meta.len());
+        out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+        out.extend_from_slice(self.id_json().as_bytes());
+        out.extend_from_slice(b",\"method\":");
+        merge::write_str(&mut out, method);
+        out.extend_from_slice(b",\"params\":{");
+        for (name, value) in params.iter().filter(|(n, _)| *n != "_meta") {
+            merge::write_str(&mut out, name);
+            out.push(b':');
+            // Values built here: serializing them cannot fail.
+            let _ = serde_json::to_writer(&mut out, value);
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"_meta\":");
+        out.extend_from_slice(self.part_meta.as_bytes());
+        out.extend_from_slice(b"}}");
+        Bytes::from(out)
     }
 }
 
@@ -357,17 +429,13 @@ fn part_headers(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// What one member answered.
-enum Part {
-    /// `result` of a response.
-    Result(Map<String, Value>),
-    /// `error` of a response.
-    Error(Value),
-}
+/// What one member answered: the message, read by the caller (a list page in one pass,
+/// `merge::read_list_answer`; a discover result as a tree).
+type Answer = Result<Bytes, GatewayError>;
 
-/// Sends one request to one member through the per-backend step and reads its response, all
-/// within the member's own timeout.
-async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Result<Part, GatewayError> {
+/// Sends one request to one member through the per-backend step and reads its final message,
+/// all within the member's own timeout.
+async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Answer {
     let b = &req.ep.members[member].backend;
     let deadline = Instant::now() + b.timeout;
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
@@ -380,87 +448,112 @@ async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Result<Part, Gateway
             req.core, &mut ctx, b, exposure, &headers, &env, body, deadline,
         )
         .await?;
-        reply.final_response(&b.name, b.cfg.timeout_ms).await
+        reply.final_message(&b.name, b.cfg.timeout_ms).await
     };
-    let msg = tokio::time::timeout_at(deadline, work)
+    tokio::time::timeout_at(deadline, work)
         .await
         .map_err(|_| GatewayError::BackendTimeout {
             backend: b.name.to_string(),
             timeout_ms: b.cfg.timeout_ms,
-        })??;
-    // Moved out, never cloned: a part's result can be a large list.
-    let mut msg = match msg {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
-    if let Some(Value::Object(r)) = msg.remove("result") {
-        return Ok(Part::Result(r));
-    }
-    if let Some(e) = msg.remove("error") {
-        return Ok(Part::Error(e));
-    }
-    Err(GatewayError::BackendFailed {
-        backend: b.name.to_string(),
-        detail: "the answer holds neither a result nor an error".into(),
-    })
+        })?
 }
 
-/// Fans one request out to `targets` in parallel and applies the failure mode. Returns the
-/// results in target order and whether any member was left out.
+/// Sends one request to each of `targets` in parallel; the answers in target order. Members the
+/// caller's team may not use are not asked, and their absence is no failure.
 async fn fan_out(
     req: &Req<'_>,
     method: &str,
     targets: Vec<(usize, Map<String, Value>)>,
-) -> Result<(Vec<(usize, Map<String, Value>)>, bool), GatewayError> {
+) -> Vec<(usize, Answer)> {
     let ep = req.ep;
-    // Members the caller's team may not use are not asked, and their absence is no failure.
-    let targets: Vec<_> = targets
+    let calls = targets
         .into_iter()
         .filter(|(i, _)| step::may_use(&req.ctx, &ep.members[*i].backend).is_ok())
-        .collect();
-    let calls = targets.into_iter().map(|(i, params)| {
-        let body = req.part_body(method, params);
-        async move { (i, part(req, i, body).await) }
-    });
-    let answers = futures_util::future::join_all(calls).await;
-    let mut out = Vec::with_capacity(answers.len());
-    let mut degraded = false;
-    for (i, a) in answers {
-        let backend = &ep.namings[i].backend;
-        let failure = match a {
-            Ok(Part::Result(r)) => {
-                out.push((i, r));
-                continue;
-            }
-            // The member has no such list (e.g. no prompts capability): nothing to merge.
-            Ok(Part::Error(e)) if e["code"].as_i64() == Some(code::METHOD_NOT_FOUND) => continue,
-            Ok(Part::Error(e)) => GatewayError::BackendFailed {
-                backend: backend.clone(),
-                detail: format!(
-                    "{method} answered error {}: {}",
-                    e["code"],
-                    e["message"].as_str().unwrap_or("")
-                ),
-            },
-            Err(e) => e,
-        };
-        match ep.failure_mode {
-            FailureMode::Closed => return Err(failure),
-            FailureMode::Open => {
-                tracing::warn!(endpoint = %ep.path, backend = %backend, method, error = %failure,
-                    "member left out of the aggregated answer");
-                req.core.metrics.aggregate_omitted(&ep.path, backend);
-                degraded = true;
-            }
+        .map(|(i, params)| {
+            let body = req.part_body(method, params);
+            async move { (i, part(req, i, body).await) }
+        });
+    futures_util::future::join_all(calls).await
+}
+
+/// What a member's JSON-RPC error means for the merge: `None` when the member simply has no
+/// such list (`-32601`, e.g. no prompts capability: nothing to merge), else its failure.
+fn error_failure(backend: &str, method: &str, e: &Value) -> Option<GatewayError> {
+    if e["code"].as_i64() == Some(code::METHOD_NOT_FOUND) {
+        return None;
+    }
+    Some(GatewayError::BackendFailed {
+        backend: backend.to_string(),
+        detail: format!(
+            "{method} answered error {}: {}",
+            e["code"],
+            e["message"].as_str().unwrap_or("")
+        ),
+    })
+}
+
+fn neither(backend: &str) -> GatewayError {
+    GatewayError::BackendFailed {
+        backend: backend.to_string(),
+        detail: "the answer holds neither a result nor an error".into(),
+    }
+}
+
+/// Applies the failure mode to member `i`'s failure: the request fails (`closed`), or the
+/// member is left out, logged and counted, and the answer marked `degraded` (`open`).
+fn left_out(
+    req: &Req<'_>,
+    i: usize,
+    method: &str,
+    failure: GatewayError,
+    degraded: &mut bool,
+) -> Result<(), GatewayError> {
+    let ep = req.ep;
+    let backend = &ep.namings[i].backend;
+    match ep.failure_mode {
+        FailureMode::Closed => Err(failure),
+        FailureMode::Open => {
+            tracing::warn!(endpoint = %ep.path, backend = %backend, method, error = %failure,
+                "member left out of the aggregated answer");
+            req.core.metrics.aggregate_omitted(&ep.path, backend);
+            *degraded = true;
+            Ok(())
         }
     }
-    Ok((out, degraded))
 }
 
 /// `server/discover` for the endpoint.
 async fn discover(req: &Req<'_>) -> Result<Reply, GatewayError> {
+    #[derive(serde::Deserialize)]
+    struct Message {
+        #[serde(default)]
+        result: Option<Value>,
+        #[serde(default)]
+        error: Option<Value>,
+    }
+    const METHOD: &str = "server/discover";
     let targets = (0..req.ep.members.len()).map(|i| (i, Map::new())).collect();
-    let (parts, degraded) = fan_out(req, "server/discover", targets).await?;
+    let mut parts = Vec::new();
+    let mut degraded = false;
+    for (i, answer) in fan_out(req, METHOD, targets).await {
+        let backend = &req.ep.namings[i].backend;
+        let failure = match answer.map(|m| serde_json::from_slice::<Message>(&m)) {
+            Ok(Ok(Message {
+                result: Some(Value::Object(r)),
+                ..
+            })) => {
+                parts.push((i, r));
+                continue;
+            }
+            Ok(Ok(Message { error: Some(e), .. })) => match error_failure(backend, METHOD, &e) {
+                None => continue,
+                Some(f) => f,
+            },
+            Ok(_) => neither(backend),
+            Err(e) => e,
+        };
+        left_out(req, i, METHOD, failure, &mut degraded)?;
+    }
     let mut r = merge::merge_discover(&req.ep.namings, &parts);
     // Advertised = delivered (issue #20 item 4): tasks (`tasks/*`) are not routed to members.
     // (`resources.subscribe` is: the listen routes each URI to its member, `listen`.)
@@ -484,9 +577,10 @@ fn server_meta() -> Value {
 }
 
 fn result(req: &Req<'_>, result: Map<String, Value>) -> Reply {
+    let id = req.env.id.as_ref().map_or(Value::Null, |i| i.to_value());
     Reply::one(
         StatusCode::OK,
-        to_json(&json!({"jsonrpc":"2.0","id":req.id(),"result":result})),
+        to_json(&json!({"jsonrpc":"2.0","id":id,"result":result})),
     )
 }
 
@@ -495,8 +589,77 @@ fn to_json(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
-/// One merged list page: the first (no cursor) or the one a cursor points at.
-async fn list(req: &Req<'_>, kind: ListKind) -> Result<Reply, GatewayError> {
+/// One merged list page: the first (no cursor) or the one a cursor points at. With the cache
+/// on, the whole merged answer is cached as bytes and a hit is spliced with the caller's id like
+/// a single backend's (issue #23 item 1), under a key that holds everything that shapes it:
+/// - the endpoint (its path and a digest of its config, `Endpoint::cache_name`) and the
+///   members it covers (`KeyInput::covers`), so any member's `list_changed`, refused cursor or
+///   purge drops it with the member's own entries, here and on the other replicas;
+/// - the caller's team (as the credential), since which members a team may use and the team's
+///   tool policy shape the page; and the client's cursor, revision, capabilities, clientInfo;
+/// - the scope: `private` (with the caller's authorization partition) when any part was
+///   private or filtered by a team policy, else `public`.
+///
+/// A page that left a member out has `ttlMs: 0` and is never stored; nor is anything while a
+/// member's breaker is open (the page must then be built without it, as a single backend's
+/// cache hit would be refused).
+async fn list(req: &Req<'_>, ctx: &mut RequestCtx, kind: ListKind) -> Result<Reply, GatewayError> {
+    let core = req.core;
+    let env = req.env;
+    let (true, Some(id)) = (core.cache.enabled(), env.id.as_ref()) else {
+        return Ok(Reply::one(StatusCode::OK, merged_page(req, kind).await?));
+    };
+    let team = ctx
+        .principal
+        .as_deref()
+        .and_then(|p| p.team.as_deref())
+        .unwrap_or("");
+    let covers: Vec<&str> = req.ep.namings.iter().map(|n| n.backend.as_str()).collect();
+    let key = KeyInput {
+        backend: &req.ep.cache_name,
+        credential_id: team,
+        method: kind.method(),
+        params: env.cursor.as_deref(),
+        protocol_version: env
+            .protocol_version
+            .as_deref()
+            .unwrap_or(protocol::LATEST_VERSION),
+        capabilities: env.client_capabilities.as_deref(),
+        client_info: env.client_info.as_deref(),
+        covers: &covers,
+    };
+    let partition = auth::partition(ctx.principal.as_deref(), req.headers);
+    // As for one backend (`step`): anything that could shape the answer outside the key, or a
+    // member the breaker keeps out, goes around the cache.
+    let bypass = env.is_retry
+        || env.params_beyond_selector
+        || env.meta_beyond_keyed
+        || req
+            .headers
+            .keys()
+            .any(|k| k.as_str().starts_with(h::PARAM_PREFIX))
+        || req
+            .ep
+            .members
+            .iter()
+            .any(|m| m.backend.resilience.state() == BreakerState::Open);
+    let served = core
+        .cache
+        .get_or_fetch(&key, &partition, id, bypass, || async {
+            let message = Bytes::from(merged_page(req, kind).await?);
+            Ok::<_, GatewayError>(Fetched {
+                status: 200,
+                message,
+            })
+        })
+        .await?;
+    ctx.cache = Some(served.outcome.label());
+    let status = StatusCode::from_u16(served.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    Ok(Reply::one(status, served.body))
+}
+
+/// Fetches, merges and writes one page as a JSON-RPC response (text, no tree).
+async fn merged_page(req: &Req<'_>, kind: ListKind) -> Result<Vec<u8>, GatewayError> {
     let ep = req.ep;
     let targets = match &req.env.cursor {
         None => None,
@@ -511,34 +674,34 @@ async fn list(req: &Req<'_>, kind: ListKind) -> Result<Reply, GatewayError> {
         }
     };
     let (merged, degraded) = page(req, kind, targets).await?;
-    let mut r = Map::new();
-    r.insert("resultType".into(), json!("complete"));
-    r.insert(kind.field().into(), Value::Array(merged.items));
+    let mut out = Vec::with_capacity(merged.items.len() + 256);
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(req.id_json().as_bytes());
+    out.extend_from_slice(b",\"result\":{\"resultType\":\"complete\",");
+    merge::write_str(&mut out, kind.field());
+    out.push(b':');
+    out.extend_from_slice(&merged.items);
     // A page missing a member should not be held on to: the member may be back in a moment.
-    r.insert(
-        "ttlMs".into(),
-        json!(if degraded { 0 } else { merged.ttl_ms }),
-    );
-    r.insert(
-        "cacheScope".into(),
-        json!(if merged.private { "private" } else { "public" }),
-    );
+    let ttl = if degraded { 0 } else { merged.ttl_ms };
+    out.extend_from_slice(format!(",\"ttlMs\":{ttl},\"cacheScope\":").as_bytes());
+    out.extend_from_slice(if merged.private {
+        b"\"private\""
+    } else {
+        b"\"public\""
+    });
     if !merged.next.is_empty() {
         let pending = cursor::Pending {
             method: kind.method().into(),
             parts: merged.next,
         };
-        r.insert(
-            "nextCursor".into(),
-            json!(cursor::seal(
-                &req.core.sessions.cursor_key,
-                &ep.cursor_scope,
-                &pending
-            )),
-        );
+        let sealed = cursor::seal(&req.core.sessions.cursor_key, &ep.cursor_scope, &pending);
+        out.extend_from_slice(b",\"nextCursor\":");
+        merge::write_str(&mut out, &sealed);
     }
-    r.insert("_meta".into(), server_meta());
-    Ok(result(req, r))
+    out.extend_from_slice(b",\"_meta\":");
+    out.extend_from_slice(&to_json(&server_meta()));
+    out.extend_from_slice(b"}}");
+    Ok(out)
 }
 
 /// Fetches and merges one page. `targets`: `None` = every member's first page, else the
@@ -561,12 +724,29 @@ async fn page(
             })
             .collect(),
     };
-    let (parts, degraded) = fan_out(req, kind.method(), targets).await?;
-    let parts = parts
-        .into_iter()
-        .map(|(member, result)| PartPage { member, result })
-        .collect();
-    let merged = merge::merge_list(kind, &ep.namings, &ep.separator, parts).map_err(|c| {
+    let method = kind.method();
+    let answers = fan_out(req, method, targets).await;
+    let mut parts = Vec::with_capacity(answers.len());
+    let mut degraded = false;
+    for (i, answer) in &answers {
+        let backend = &ep.namings[*i].backend;
+        let failure = match answer {
+            Ok(message) => match merge::read_list_answer(kind, *i, message) {
+                ListAnswer::Page(page) => {
+                    parts.push(page);
+                    continue;
+                }
+                ListAnswer::Error(e) => match error_failure(backend, method, &e) {
+                    None => continue,
+                    Some(f) => f,
+                },
+                ListAnswer::Neither => neither(backend),
+            },
+            Err(e) => e.clone(),
+        };
+        left_out(req, *i, method, failure, &mut degraded)?;
+    }
+    let merged = merge::merge_list(kind, &ep.namings, &ep.separator, &parts).map_err(|c| {
         GatewayError::NameCollision {
             name: c.name,
             first: c.first,
@@ -673,8 +853,7 @@ async fn read(
     let Some(i) = resource_owner(req, &uri).await? else {
         return Err(GatewayError::ResourceNotFound { uri });
     };
-    let body = Bytes::from(to_json(req.client));
-    forward(req, ctx, i, body, deadline).await
+    forward(req, ctx, i, req.body.clone(), deadline).await
 }
 
 /// `completion/complete`: routed by what it completes — a prompt by name (prefix stripped), a

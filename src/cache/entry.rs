@@ -36,6 +36,9 @@ pub struct Entry {
     pub(super) method: Box<str>,
     /// The decoded `uri` of a `resources/read` entry, for [`Cache::invalidate_resource`].
     pub(super) uri: Option<Box<str>>,
+    /// A merged answer's member backends ([`KeyInput::covers`]): invalidating any of them
+    /// drops it too.
+    pub(super) covers: Box<[Box<str>]>,
     /// The `result` object without `ttlMs` (see [`Decision::Cacheable`]).
     pub(super) result: Bytes,
     /// Served as a hit until then (`t_received + ttlMs`, docs/protocol.md §3).
@@ -63,10 +66,16 @@ impl Entry {
             backend: input.backend.into(),
             method: input.method.into(),
             uri,
+            covers: input.covers.iter().map(|&m| m.into()).collect(),
             result,
             fresh_until,
             stale_until,
         }
+    }
+
+    /// Whether invalidating `backend` concerns this entry: its own, or one it was merged from.
+    pub(super) fn depends_on(&self, backend: &str) -> bool {
+        *self.backend == *backend || self.covers.iter().any(|m| **m == *backend)
     }
 
     pub(super) fn is_fresh(&self, now: Instant) -> bool {
@@ -118,6 +127,7 @@ impl Entry {
             + self.backend.len()
             + self.method.len()
             + self.uri.as_ref().map_or(0, |u| u.len())
+            + self.covers.iter().map(|m| m.len()).sum::<usize>()
             + ENTRY_OVERHEAD_BYTES;
         u32::try_from(bytes).unwrap_or(u32::MAX)
     }

@@ -2,39 +2,9 @@
 //! member never reformats the others), and re-addressing a response to the caller's id.
 
 use bytes::{Bytes, BytesMut};
-use serde::Deserialize;
-use serde::de::{MapAccess, Visitor};
-use serde_json::value::RawValue;
-use std::fmt;
 
+pub(super) use crate::jsonrpc::{Members, parse_members};
 use crate::protocol::RequestId;
-
-/// never reformats the others (no float rounding, no key reordering, duplicates visible).
-pub(super) struct Members<'a>(pub(super) Vec<(String, &'a RawValue)>);
-
-impl<'de> Deserialize<'de> for Members<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Members<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
-                let mut members = Vec::new();
-                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
-                    members.push(member);
-                }
-                Ok(Members(members))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-pub(super) fn parse_members(json: &str) -> Option<Members<'_>> {
-    serde_json::from_str(json).ok()
-}
 
 /// `message` with its top-level `id` replaced by `id`, everything else byte for byte. Returned
 /// unchanged (no copy) when it already carries that id, or when it is not a JSON object — then

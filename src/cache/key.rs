@@ -58,6 +58,9 @@ pub struct KeyInput<'a> {
     pub capabilities: Option<&'a str>,
     /// `_meta` clientInfo as raw JSON; `None` when absent (a server may answer per client).
     pub client_info: Option<&'a str>,
+    /// For an aggregated endpoint's merged answer (`aggregate`): the member backends it was
+    /// built from, so a change to any of them drops it. Empty for one backend's answer.
+    pub covers: &'a [&'a str],
 }
 
 /// Which half of the key space a key is in.
@@ -87,6 +90,7 @@ impl CacheKey {
 ///   `public` answer is public only *for that credential* (docs/protocol.md §8 item 4).
 /// - `method` and `params` (`cursor` / `uri`): the spec's own key (docs/protocol.md §3). Each page has its
 ///   own entry; a different resource is a different entry.
+/// - `covers`: a merged answer is another answer than any one member's.
 /// - `protocol_version`, the client capabilities and `clientInfo`: they may change `tools/list`
 ///   (e.g. an extension the client declares, a server that answers per client); the
 ///   conservative key of docs/protocol.md §8 item 2. `progressToken` and `logLevel` are left out:
@@ -112,6 +116,15 @@ pub fn cache_key(input: &KeyInput<'_>, scope: KeyScope<'_>) -> CacheKey {
     h.field(input.protocol_version.as_bytes());
     h.json(input.capabilities);
     h.json(input.client_info);
+    // Only when there are any, so the keys of single-backend answers stay what they were
+    // (records in Redis survive an upgrade); the tag cannot be read as a scope tag.
+    if !input.covers.is_empty() {
+        h.field(b"covers");
+        h.field(&(input.covers.len() as u64).to_le_bytes());
+        for member in input.covers {
+            h.field(member.as_bytes());
+        }
+    }
     match scope {
         KeyScope::Public => h.field(b"public"),
         KeyScope::Private(partition) => {

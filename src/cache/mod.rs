@@ -213,11 +213,12 @@ struct Local {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Invalidation {
-    /// Every entry of `backend` + `method`: all partitions, all cursors.
+    /// Every entry of `backend` + `method`: all partitions, all cursors, and the merged
+    /// answers built from them.
     Method { backend: String, method: String },
     /// The `resources/read` entries of `backend` for `uri`.
     Resource { backend: String, uri: String },
-    /// Every entry of `backend`.
+    /// Every entry of `backend`, and the merged answers built from them.
     Backend { backend: String },
     /// Everything.
     All,
@@ -227,14 +228,14 @@ impl Invalidation {
     fn matches(&self, e: &Entry) -> bool {
         match self {
             Invalidation::Method { backend, method } => {
-                *e.backend == **backend && *e.method == **method
+                e.depends_on(backend) && *e.method == **method
             }
             Invalidation::Resource { backend, uri } => {
                 *e.backend == **backend
                     && &*e.method == "resources/read"
                     && e.uri.as_deref() == Some(uri.as_str())
             }
-            Invalidation::Backend { backend } => *e.backend == **backend,
+            Invalidation::Backend { backend } => e.depends_on(backend),
             Invalidation::All => true,
         }
     }

@@ -18,7 +18,8 @@
 //!   `PX` until the session's own expiry (`legacy`); read on every request of such a session.
 //!
 //! Invalidation is O(1): a record stores the generations its request depended on (all, its
-//! backend, its backend + method, and for `resources/read` its URI) as they were read *before*
+//! backend, its backend + method, for `resources/read` its URI, and for an aggregated
+//! endpoint's merged answer each member's backend and backend + method) as they were read *before*
 //! the fetch; a lookup reads the record and the current generations in one `MULTI` and treats any
 //! difference as a miss. Invalidating is one `INCR` — no `SCAN`, no tag sets — and a fetch that
 //! raced an invalidation anywhere is stored dead on arrival.
@@ -484,6 +485,11 @@ fn gen_keys(ns: &str, input: &KeyInput<'_>) -> Vec<String> {
     if let Some(uri) = super::entry::read_uri(input) {
         keys.push(uri_gen_key(ns, input.backend, &uri));
     }
+    // A merged answer (aggregated endpoint) also dies with any member's change.
+    for member in input.covers {
+        keys.push(format!("{ns}g:b:{member}"));
+        keys.push(format!("{ns}g:m:{member}:{}", input.method));
+    }
     keys
 }
 
@@ -624,6 +630,7 @@ mod tests {
             protocol_version: "2026-07-28",
             capabilities: None,
             client_info: None,
+            covers: &[],
         };
         let keys = gen_keys("p:v1:", &input);
         assert_eq!(
@@ -638,6 +645,20 @@ mod tests {
             ..input
         };
         assert_eq!(gen_keys("p:v1:", &list).len(), 3);
+        let merged = KeyInput {
+            backend: "/mcp#1",
+            covers: &["b1", "b2"],
+            ..list
+        };
+        assert_eq!(
+            gen_keys("p:v1:", &merged)[3..],
+            [
+                "p:v1:g:b:b1",
+                "p:v1:g:m:b1:tools/list",
+                "p:v1:g:b:b2",
+                "p:v1:g:m:b2:tools/list"
+            ]
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ fn input<'a>(method: &'a str, params: Option<&'a str>) -> KeyInput<'a> {
         protocol_version: "2026-07-28",
         capabilities: Some(r#"{"roots":{},"sampling":{}}"#),
         client_info: None,
+        covers: &[],
     }
 }
 
@@ -975,4 +976,50 @@ async fn replacing_an_entry_keeps_the_gauges_right() {
             .outcome,
         Outcome::Hit
     );
+}
+
+/// A merged answer (`KeyInput::covers`) has its own key, and dies with any member it was built
+/// from — by method or by a purge of the backend — but not with another backend's change.
+#[tokio::test]
+async fn a_merged_entry_dies_with_any_member() {
+    let c = cache();
+    let calls = AtomicUsize::new(0);
+    let members = ["b1", "b2"];
+    let merged = KeyInput {
+        backend: "/mcp#0123",
+        covers: &members,
+        ..input("tools/list", None)
+    };
+    assert_ne!(
+        cache_key(&merged, KeyScope::Public),
+        cache_key(
+            &KeyInput {
+                covers: &[],
+                ..merged
+            },
+            KeyScope::Public
+        ),
+        "the members are part of the key"
+    );
+    let body = || tools("5000", Some("public"));
+    let hit = |s: Served| s.outcome == Outcome::Hit;
+    call(&c, &merged, &anon(), 1, &calls, body()).await;
+    assert!(hit(call(&c, &merged, &anon(), 2, &calls, body()).await));
+    // Another backend, another method of a member: not this entry's business.
+    c.invalidate("b3", "tools/list");
+    c.invalidate("b2", "prompts/list");
+    c.purge_backend("b3");
+    assert!(hit(call(&c, &merged, &anon(), 3, &calls, body()).await));
+    c.invalidate("b2", "tools/list");
+    assert_eq!(
+        call(&c, &merged, &anon(), 4, &calls, body()).await.outcome,
+        Outcome::Miss
+    );
+    c.purge_backend("b1");
+    assert_eq!(
+        call(&c, &merged, &anon(), 5, &calls, body()).await.outcome,
+        Outcome::Miss
+    );
+    assert!(hit(call(&c, &merged, &anon(), 6, &calls, body()).await));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }

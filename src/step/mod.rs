@@ -648,10 +648,7 @@ async fn answer(
             }) = &reply
             {
                 match env.method.as_str() {
-                    "tools/list" => {
-                        backend.stats.tools.learn_list(answer);
-                        backend.tool_params.learn_list(answer);
-                    }
+                    "tools/list" => backend.learn_tools_list(answer),
                     // The server refused the headers: what portico knows of the tool's schema
                     // is stale; the next call looks it up afresh.
                     "tools/call" if params::is_header_mismatch(answer) => {
@@ -816,6 +813,7 @@ async fn cached(
         protocol_version: env.protocol_version.as_deref().unwrap_or(LATEST_VERSION),
         capabilities: env.client_capabilities.as_deref(),
         client_info: env.client_info.as_deref(),
+        covers: &[],
     };
     // Private entries belong to the authenticated principal, or (auth mode none) to a digest
     // of the caller's credential.
@@ -865,8 +863,7 @@ async fn cached(
     // new to this replica (a local hit was learnt when it was stored; coalesced and stale
     // answers were learnt by the fetch that made them).
     if env.method == "tools/list" && matches!(served.outcome, Outcome::Miss | Outcome::SharedHit) {
-        backend.stats.tools.learn_list(&served.body);
-        backend.tool_params.learn_list(&served.body);
+        backend.learn_tools_list(&served.body);
     }
     if served.ttl_remaining_ms.is_some() {
         // Something of this backend is (or was just) in the cache: listen for its changes.

@@ -440,3 +440,83 @@ async fn portico_stdio_refuses_a_bad_credential_at_start() {
     assert!(err.to_string().contains("Unauthorized"), "{err}");
     s.gw.stop().await;
 }
+
+/// A cached merged page is one team's view. With the cache on and public member lists:
+/// - without team tool policies, both teams' pages are `public`, yet only red may use `x`:
+///   the team is part of the key, so neither gets the other's page from the cache;
+/// - with them (blue hides `r__secret_*`), the pages are private to each caller.
+///
+/// Either way, each team gets its own page on every round, and every repeat is a hit.
+#[tokio::test]
+async fn a_cached_merged_page_never_crosses_teams() {
+    for policies in [false, true] {
+        let r = MockMcp::modern()
+            .ttl_ms(Some(600_000))
+            .cache_scope(Some("public"))
+            .start()
+            .await;
+        r.add_tool("secret_tool");
+        let x = MockMcp::modern()
+            .ttl_ms(Some(600_000))
+            .cache_scope(Some("public"))
+            .start()
+            .await;
+        let mut toml = config(&r.url(), &x.url(), &dead_url().await).replace(
+            "backends = [\"r\", \"x\", \"d\"]",
+            "backends = [\"r\", \"x\"]",
+        );
+        if !policies {
+            toml = toml
+                .replace("tools = { deny = [\"r__secret_*\"] }", "")
+                .replace("tools = { allow = [\"r__*\", \"x__*\"] }", "");
+        }
+        let gw = Gateway::start(&toml).await;
+        let url = gw.url("/mcp");
+        // Blue first in one round, red first in the next: whoever fills the cache.
+        for round in 0..4 {
+            let (mut blue, mut red) = (Value::Null, Value::Null);
+            for key in if round % 2 == 0 {
+                [BLUE_KEY, RED_KEY]
+            } else {
+                [RED_KEY, BLUE_KEY]
+            } {
+                let got = as_team(&url, key, round, "tools/list", json!({}))
+                    .await
+                    .result();
+                if key == BLUE_KEY {
+                    blue = got
+                } else {
+                    red = got
+                }
+            }
+            let (scope, blue, red) = (
+                blue["result"]["cacheScope"].clone(),
+                names_of(&blue),
+                names_of(&red),
+            );
+            assert_eq!(scope, if policies { "private" } else { "public" });
+            let why = format!("policies {policies}, round {round}: blue {blue:?}, red {red:?}");
+            assert!(blue.contains(&"r__echo".to_string()), "{why}");
+            assert_eq!(
+                blue.contains(&"r__secret_tool".to_string()),
+                !policies,
+                "{why}"
+            );
+            assert!(!blue.iter().any(|n| n.starts_with("x__")), "{why}");
+            assert!(red.contains(&"r__secret_tool".to_string()), "{why}");
+            assert!(red.contains(&"x__echo".to_string()), "{why}");
+        }
+        // Every repeat came from the cache: each member was asked once.
+        assert_eq!((r.count("tools/list"), x.count("tools/list")), (1, 1));
+        gw.stop().await;
+    }
+}
+
+fn names_of(v: &Value) -> Vec<String> {
+    v["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools in {v}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}

@@ -573,3 +573,81 @@ async fn list_changed_from_a_legacy_member_reaches_a_listener() {
     drop(body);
     gw.stop().await;
 }
+
+/// `portico_cache_requests_total{outcome}` from the metrics listener.
+async fn cache_outcomes(gw: &Gateway, outcome: &str) -> f64 {
+    let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let text = String::from_utf8_lossy(&r.body).to_string();
+    let line = format!("portico_cache_requests_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The merged page without what differs between two answers of one entry (`id`, `ttlMs`).
+fn page_facts(v: &Value) -> Value {
+    let mut r = v["result"].clone();
+    r.as_object_mut().unwrap().remove("ttlMs");
+    r
+}
+
+/// Issue #23 item 1: a merged list is cached as one answer — a repeat is one cache hit with no
+/// member asked, spliced with the caller's id — and it is dropped as soon as any member's list
+/// changes, while the other members' own entries stay cached.
+#[tokio::test]
+async fn merged_lists_are_cached_whole_and_dropped_with_any_member() {
+    let start = || {
+        MockMcp::modern()
+            .ttl_ms(Some(600_000))
+            .cache_scope(Some("public"))
+            .list_changed()
+            .start()
+    };
+    let (a, b, c) = (start().await, start().await, start().await);
+    let gw = Gateway::start(&format!(
+        "[metrics]\n{}",
+        config(&[&a.url(), &b.url(), &c.url()], "'a', 'b', 'c'", "")
+    ))
+    .await;
+    let url = gw.url("/mcp");
+    let first = mcp(&url, json!(1), "tools/list", json!({})).await.json();
+    assert_eq!(first["result"]["cacheScope"], "public");
+    assert_eq!(names(&first, "tools").len(), 18);
+    let counts = || [&a, &b, &c].map(|m| m.count("tools/list"));
+    assert_eq!(counts(), [1, 1, 1]);
+    let hits = cache_outcomes(&gw, "hit").await;
+    let second = mcp(&url, json!("two"), "tools/list", json!({}))
+        .await
+        .json();
+    assert_eq!(second["id"], "two");
+    assert_eq!(page_facts(&second), page_facts(&first));
+    let ttl = second["result"]["ttlMs"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 600_000, "the remaining freshness: {ttl}");
+    assert_eq!(counts(), [1, 1, 1], "no member asked");
+    assert_eq!(
+        cache_outcomes(&gw, "hit").await - hits,
+        1.0,
+        "one hit for the whole page, not one per member"
+    );
+    // b's list changes: the merged page goes with b's entry; a's and c's entries stay.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.count("subscriptions/listen") == 0 {
+        assert!(Instant::now() < deadline, "no cache watcher on b");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await; // the watcher has read the ack
+    b.add_tool("fresh");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let fresh = loop {
+        let v = mcp(&url, json!(3), "tools/list", json!({})).await.json();
+        if names(&v, "tools").contains(&"b__fresh".to_string()) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the change never showed: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(names(&fresh, "tools").len(), 19);
+    assert_eq!(counts(), [1, 2, 1], "only the changed member asked again");
+    gw.stop().await;
+}

@@ -508,6 +508,7 @@ async fn cache_counters_are_read_from_the_cache_at_scrape_time() {
         protocol_version: LATEST,
         capabilities: None,
         client_info: None,
+        covers: &[],
     };
     let message = bytes::Bytes::from_static(
         br#"{"jsonrpc":"2.0","id":"u","result":{"resultType":"complete","tools":[],"ttlMs":60000,"cacheScope":"public"}}"#,

@@ -322,6 +322,7 @@ async fn get(c: &Cache, calls: &AtomicU64) -> Outcome {
         protocol_version: LATEST,
         capabilities: None,
         client_info: None,
+        covers: &[],
     };
     let message =
         r#"{"jsonrpc":"2.0","id":9,"result":{"tools":[],"ttlMs":60000,"cacheScope":"public"}}"#;
