@@ -24,8 +24,8 @@ ROUNDS=${ROUNDS:-$_rounds}                 # measured rounds per (target, concur
 DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
-DEFAULT_TARGETS="direct nginx portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+DEFAULT_TARGETS="direct nginx portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-legacy direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -35,7 +35,7 @@ SERVER_CPUS=${SERVER_CPUS:-0}              # backend, nginx and portico run here
 LOADGEN_CPUS=${LOADGEN_CPUS:-1}            # wrk runs here
 LOADGEN_THREADS=${LOADGEN_THREADS:-}       # wrk -t (default: number of LOADGEN_CPUS; never > c)
 ACCESS_LOG=${ACCESS_LOG:-0}                # 1: portico [log] access = true (to a file)
-AGG_CACHE=${AGG_CACHE:-0}                  # 1: [cache] enabled in the aggregation instance
+AGG_CACHE=${AGG_CACHE:-0}                  # 1: [cache] enabled in portico-agg too (portico-agg-cache always has it)
 WRK_TIMEOUT=${WRK_TIMEOUT:-2s}             # wrk --timeout: slower answers count as errors
 BUSY_MARK=${BUSY_MARK:-10}                 # flag measurements where other processes used >= this % of a CPU
 BUSY_RETRIES=${BUSY_RETRIES:-1}            # repeat such a measurement up to this many times...
@@ -64,7 +64,7 @@ declare -A T_SERVER=(
     [direct]=b1 [direct-list]=b1 [nginx]=nginx [nginx-list]=nginx
     [portico]=pass [portico-base]=base [portico-trace1]=trace1 [portico-trace001]=trace001 [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
     [portico-redis]=redis
-    [portico-agg]=agg [portico-legacy]=legacy [portico-legacy-base]=legacybase
+    [portico-agg]=agg [portico-agg-cache]=aggc [portico-legacy]=legacy [portico-legacy-base]=legacybase
     [direct-py]=py [portico-py-cache]=pycache
     [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
     [nginx-log]=nginxl [portico-log]=passlog
@@ -74,7 +74,7 @@ declare -A T_SERVER=(
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
     [portico]=tools/call [portico-base]=tools/call [portico-trace1]=tools/call [portico-trace001]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
-    [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list
+    [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list [portico-agg-cache]=tools/list
     [portico-legacy]=tools/call [portico-legacy-base]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
     [nginx-log]=tools/call [portico-log]=tools/call
@@ -84,7 +84,7 @@ declare -A T_METHOD=(
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
     [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-trace1]=/mcp/bench [portico-trace001]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
-    [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp
+    [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp [portico-agg-cache]=/mcp
     [portico-legacy]=/mcp/legacy [portico-legacy-base]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
     [nginx-log]=/mcp [portico-log]=/mcp/bench
@@ -94,7 +94,7 @@ declare -A T_PATH=(
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
     [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-trace1]=b1 [portico-trace001]=b1 [portico-list]=b1
-    [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
+    [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
     [direct-py]=py [portico-py-cache]=py
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
     [nginx-log]=b1 [portico-log]=b1
@@ -102,7 +102,7 @@ declare -A T_BACKEND=(
     [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1
 )
 # Every portico instance the script can start (one process per configuration).
-INSTANCES="pass base trace1 trace001 verify cache redis agg legacy legacybase passh passp passlog tls h2 pycache"
+INSTANCES="pass base trace1 trace001 verify cache redis agg aggc legacy legacybase passh passp passlog tls h2 pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -223,7 +223,7 @@ start_backend() { # NAME ARGS...
 # A generated portico config. $1 = instance name, $2 = port; the rest is per instance.
 portico_conf() {
     local name=$1 port=$2 cache=false
-    case $name in cache | redis | pycache) cache=true ;; agg) [[ $AGG_CACHE == 1 ]] && cache=true ;; legacy | legacybase) cache=true ;; esac
+    case $name in cache | redis | pycache) cache=true ;; agg) [[ $AGG_CACHE == 1 ]] && cache=true ;; aggc) cache=true ;; legacy | legacybase) cache=true ;; esac
     cat <<EOF
 # generated by benches/run.sh: instance "$name"
 [server]
@@ -259,7 +259,7 @@ protocol = "modern"
 EOF
         [[ $name == verify ]] && echo 'verify_body = "always"'
         ;;
-    agg)
+    agg | aggc)
         local b
         for b in b1 b2 b3; do
             printf '[[backends]]\nname = "%s"\nurl = "http://127.0.0.1:%s/mcp"\nprotocol = "modern"\n\n' \
@@ -505,7 +505,7 @@ BASE_TOOLS=0       # tools in one backend's list
 check_target() { # TARGET: probes it; on failure records NA[TARGET]
     local t=$1 s=${T_SERVER[$1]} m=${T_METHOD[$1]} be=${T_BACKEND[$1]} before after
     if [[ -n ${DOWN[$s]:-} ]]; then NA[$t]=${DOWN[$s]}; return 1; fi
-    if [[ $t == portico-cache || $t == portico-redis || $t == portico-py-cache ]]; then
+    if [[ $t == portico-cache || $t == portico-redis || $t == portico-py-cache || $t == portico-agg-cache ]]; then
         # Fill the cache, then the repeat must not reach the backend.
         probe "$(target_url "$t")" "$m" || { NA[$t]=$PROBE_REASON; return 1; }
         before=$(backend_count "$be" "$m")
@@ -513,6 +513,9 @@ check_target() { # TARGET: probes it; on failure records NA[TARGET]
         after=$(backend_count "$be" "$m")
         if ((after > before)); then
             NA[$t]="not a cache hit: the repeated tools/list reached the backend"; return 1
+        fi
+        if [[ $t == portico-agg-cache ]] && ((PROBE_TOOLS != 3 * BASE_TOOLS)); then
+            NA[$t]="aggregated list has $PROBE_TOOLS tools, want 3 x $BASE_TOOLS"; return 1
         fi
         return 0
     fi
@@ -546,7 +549,7 @@ if ((WANTS_TLS)); then
     fi
 fi
 start_backend b1 --name bench-b1 || die "${DOWN[b1]}"
-if wants agg; then start_backend b2 --name bench-b2; start_backend b3 --name bench-b3; fi
+if wants agg || wants aggc; then start_backend b2 --name bench-b2; start_backend b3 --name bench-b3; fi
 # The span sink of the traced instances: another bench backend (it answers any POST with 200).
 if wants trace1 || wants trace001; then start_backend sink --name bench-sink; fi
 if wants legacy || wants legacybase; then start_backend bl --legacy --name bench-legacy; fi
@@ -591,8 +594,8 @@ fi
 for inst in $INSTANCES; do
     if wants "$inst"; then
         [[ -n ${DOWN[$inst]:-} ]] && continue
-        if [[ ( $inst == agg && ( -n ${DOWN[b2]:-} || -n ${DOWN[b3]:-} ) ) ]]; then
-            DOWN[agg]="${DOWN[b2]:-${DOWN[b3]}}"; continue
+        if [[ ( $inst == agg* && ( -n ${DOWN[b2]:-} || -n ${DOWN[b3]:-} ) ) ]]; then
+            DOWN[$inst]="${DOWN[b2]:-${DOWN[b3]}}"; continue
         fi
         if [[ $inst == legacy* && -n ${DOWN[bl]:-} ]]; then DOWN[$inst]=${DOWN[bl]}; continue; fi
         if [[ ( $inst == pycache || $inst == passp ) && -n ${DOWN[py]:-} ]]; then DOWN[$inst]=${DOWN[py]}; continue; fi
@@ -805,6 +808,7 @@ inst_desc() {
     cache) echo "portico-cache ([cache] enabled)" ;;
     redis) echo "portico-redis ([cache] redis_url, local = false)" ;;
     agg) echo "portico-agg (3 backends, one endpoint)" ;;
+    aggc) echo "portico-agg-cache (3 backends, one endpoint, [cache] enabled)" ;;
     legacy) echo "portico-legacy (legacy backend)" ;;
     legacybase) echo "portico-legacy-base (legacy backend, BASE_BIN)" ;;
     pycache) echo "portico-py-cache ([cache] enabled, Python SDK backend)" ;;

@@ -128,3 +128,9 @@ impl<'de> Deserialize<'de> for Members<'de> {
 pub fn parse_members(json: &str) -> Option<Members<'_>> {
     serde_json::from_str(json).ok()
 }
+
+/// A JSON string, escaped as serde_json escapes, written straight into `out`.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a `str` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::config::ToolFilter;
-use crate::jsonrpc::Members;
+use crate::jsonrpc::{Members, write_str};
 
 /// How one member's names appear on the endpoint.
 #[derive(Debug, Clone)]
@@ -461,12 +461,6 @@ fn write_item(
         }
     }
     out.push(b'}');
-}
-
-/// A JSON string, escaped as serde_json escapes, written straight into `out`.
-pub fn write_str(out: &mut Vec<u8>, s: &str) {
-    // Writing a `str` into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// A `ttlMs` as raw text: a non-negative integer, else 0 (as `Value::as_u64` reads it).

@@ -47,7 +47,7 @@ use crate::cache::{Fetched, KeyInput};
 use crate::config::{EndpointBackend, EndpointConfig, FailureMode};
 use crate::error::GatewayError;
 use crate::frontend::{self, Head};
-use crate::jsonrpc::{Members, parse_members};
+use crate::jsonrpc::{Members, parse_members, write_str};
 use crate::merge::{self, ListAnswer, ListKind, Naming};
 use crate::protocol::{self, Envelope, Kind, SUPPORTED_VERSIONS, code, header as h, meta};
 use crate::resilience::BreakerState;
@@ -379,7 +379,7 @@ fn part_meta(body: &[u8], has_progress_token: bool) -> String {
         if out.len() > 1 {
             out.push(b',');
         }
-        merge::write_str(&mut out, name);
+        write_str(&mut out, name);
         out.push(b':');
         out.extend_from_slice(value.get().as_bytes());
     }
@@ -404,10 +404,10 @@ impl Req<'_> {
         out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
         out.extend_from_slice(self.id_json().as_bytes());
         out.extend_from_slice(b",\"method\":");
-        merge::write_str(&mut out, method);
+        write_str(&mut out, method);
         out.extend_from_slice(b",\"params\":{");
         for (name, value) in params.iter().filter(|(n, _)| *n != "_meta") {
-            merge::write_str(&mut out, name);
+            write_str(&mut out, name);
             out.push(b':');
             // Values built here: serializing them cannot fail.
             let _ = serde_json::to_writer(&mut out, value);
@@ -678,7 +678,7 @@ async fn merged_page(req: &Req<'_>, kind: ListKind) -> Result<Vec<u8>, GatewayEr
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
     out.extend_from_slice(req.id_json().as_bytes());
     out.extend_from_slice(b",\"result\":{\"resultType\":\"complete\",");
-    merge::write_str(&mut out, kind.field());
+    write_str(&mut out, kind.field());
     out.push(b':');
     out.extend_from_slice(&merged.items);
     // A page missing a member should not be held on to: the member may be back in a moment.
@@ -696,7 +696,7 @@ async fn merged_page(req: &Req<'_>, kind: ListKind) -> Result<Vec<u8>, GatewayEr
         };
         let sealed = cursor::seal(&req.core.sessions.cursor_key, &ep.cursor_scope, &pending);
         out.extend_from_slice(b",\"nextCursor\":");
-        merge::write_str(&mut out, &sealed);
+        write_str(&mut out, &sealed);
     }
     out.extend_from_slice(b",\"_meta\":");
     out.extend_from_slice(&to_json(&server_meta()));

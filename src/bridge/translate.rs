@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -17,6 +18,7 @@ use crate::backend::Backend;
 use crate::backend::LegacySession;
 use crate::config::CacheScope;
 use crate::error::GatewayError;
+use crate::jsonrpc::{Members, parse_members, write_str};
 use crate::protocol::{RequestId, code, is_cacheable_method, meta, status_for_code};
 use crate::upstream::{MessageStream, Reply};
 
@@ -54,42 +56,112 @@ pub(super) fn log_level(body: &[u8]) -> Option<u8> {
 }
 
 /// 2026 request → legacy request: new id, new progress token, reserved `_meta` keys removed.
+/// Rewritten as text (issue #23 item 2): only the top level, `params` and `_meta` are split
+/// into members; the arguments and everything else are copied as the client wrote them.
 pub(super) fn to_legacy(
     body: &[u8],
     upstream_id: u64,
 ) -> Result<(Bytes, Option<(Value, Value)>), GatewayError> {
-    let mut v: Value =
-        serde_json::from_slice(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| GatewayError::InvalidRequest("not an object".into()))?;
-    if obj.contains_key("id") {
-        obj.insert("id".into(), json!(upstream_id));
-    }
+    let text = std::str::from_utf8(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+    let Some(Members(top)) = parse_members(text) else {
+        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Err(e) => GatewayError::Parse(e.to_string()),
+            Ok(_) => GatewayError::InvalidRequest("not an object".into()),
+        });
+    };
     let mut token = None;
-    if let Some(Value::Object(params)) = obj.get_mut("params")
-        && let Some(Value::Object(m)) = params.get_mut("_meta")
-    {
-        for k in [
-            meta::PROTOCOL_VERSION,
-            meta::CLIENT_CAPABILITIES,
-            meta::CLIENT_INFO,
-            meta::LOG_LEVEL,
-        ] {
-            m.remove(k);
-        }
-        if let Some(t) = m.get("progressToken").cloned()
-            && !t.is_null()
-        {
-            let up = json!(format!("portico-{upstream_id}"));
-            m.insert("progressToken".into(), up.clone());
-            token = Some((up, t));
-        }
-        if m.is_empty() {
-            params.remove("_meta");
+    let mut out = Vec::with_capacity(body.len() + 16);
+    let mut obj = ObjectWriter::new(&mut out);
+    for (name, value) in &top {
+        let out = obj.key(name);
+        match name.as_str() {
+            "id" => out.extend_from_slice(upstream_id.to_string().as_bytes()),
+            "params" => legacy_params(out, value.get(), upstream_id, &mut token),
+            _ => out.extend_from_slice(value.get().as_bytes()),
         }
     }
-    Ok((Bytes::from(v.to_string()), token))
+    obj.end();
+    Ok((Bytes::from(out), token))
+}
+
+/// `params` for the legacy server: `_meta` without the reserved 2026 keys (left out when that
+/// empties it), its progress token replaced by a session-unique one. Not an object: as is.
+fn legacy_params(
+    out: &mut Vec<u8>,
+    raw: &str,
+    upstream_id: u64,
+    token: &mut Option<(Value, Value)>,
+) {
+    let Some(Members(params)) = parse_members(raw) else {
+        out.extend_from_slice(raw.as_bytes());
+        return;
+    };
+    let mut obj = ObjectWriter::new(out);
+    for (name, value) in &params {
+        if name == "_meta"
+            && let Some(Members(meta)) = parse_members(value.get())
+        {
+            let kept: Vec<_> = meta
+                .iter()
+                .filter(|(k, _)| !RESERVED_META.contains(&k.as_str()))
+                .collect();
+            if kept.is_empty() {
+                continue;
+            }
+            let mut m = ObjectWriter::new(obj.key(name));
+            for (k, v) in kept {
+                let out = m.key(k);
+                if k == "progressToken" && v.get() != "null" {
+                    let up = format!("portico-{upstream_id}");
+                    write_str(out, &up);
+                    let client = serde_json::from_str(v.get()).unwrap_or(Value::Null);
+                    *token = Some((json!(up), client));
+                } else {
+                    out.extend_from_slice(v.get().as_bytes());
+                }
+            }
+            m.end();
+            continue;
+        }
+        obj.key(name).extend_from_slice(value.get().as_bytes());
+    }
+    obj.end();
+}
+
+/// The 2026 `_meta` keys a legacy server does not know.
+const RESERVED_META: [&str; 4] = [
+    meta::PROTOCOL_VERSION,
+    meta::CLIENT_CAPABILITIES,
+    meta::CLIENT_INFO,
+    meta::LOG_LEVEL,
+];
+
+/// Writes an object member by member: `{`, then `"key":` per [`ObjectWriter::key`] (the
+/// caller writes the value into what it returns), then `}`.
+struct ObjectWriter<'o> {
+    out: &'o mut Vec<u8>,
+    first: bool,
+}
+
+impl<'o> ObjectWriter<'o> {
+    fn new(out: &'o mut Vec<u8>) -> ObjectWriter<'o> {
+        out.push(b'{');
+        ObjectWriter { out, first: true }
+    }
+
+    fn key(&mut self, name: &str) -> &mut Vec<u8> {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        write_str(self.out, name);
+        self.out.push(b':');
+        self.out
+    }
+
+    fn end(self) {
+        self.out.push(b'}');
+    }
 }
 
 /// What to do with one message from the legacy server.
@@ -102,17 +174,20 @@ pub(super) enum Translated {
     Drop,
 }
 
-/// Legacy message → what the 2026 client gets.
+/// Legacy message → what the 2026 client gets. A response (the message of almost every call)
+/// is rewritten as text: only its top level, the result's and `_meta`'s members are split, the
+/// content is copied as the server wrote it.
 pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
-    let Ok(mut v) = serde_json::from_slice::<Value>(msg) else {
+    let Some(Members(top)) = std::str::from_utf8(msg).ok().and_then(parse_members) else {
         return Translated::Drop;
     };
-    let has_id = v.get("id").is_some_and(|i| !i.is_null());
-    let method = v.get("method").and_then(Value::as_str).map(String::from);
-    match (method, has_id) {
+    let last = |key: &str| top.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v);
+    let method = last("method").and_then(|v| serde_json::from_str::<String>(v.get()).ok());
+    let id = last("id").filter(|v| v.get() != "null");
+    match (method, id) {
         // A server-initiated request.
-        (Some(method), true) => {
-            let id = v["id"].clone();
+        (Some(method), Some(id)) => {
+            let id: Value = serde_json::from_str(id.get()).unwrap_or(Value::Null);
             let answer = if method == "ping" {
                 Bytes::from(json!({"jsonrpc":"2.0","id":id,"result":{}}).to_string())
             } else {
@@ -127,50 +202,141 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
             };
             Translated::Answer(answer)
         }
-        (Some(method), false) => {
-            if method == "notifications/progress" {
-                if let (Some((up, client)), Some(p)) = (&m.token, v.get_mut("params"))
-                    && p.get("progressToken") == Some(up)
-                {
-                    p["progressToken"] = client.clone();
-                    return Translated::Forward(Bytes::from(v.to_string()));
+        (Some(method), None) => notification(msg, &method, m),
+        (None, Some(id)) => {
+            if id.get().parse::<u64>() != Ok(m.upstream_id) {
+                return Translated::Drop;
+            }
+            let mut out = Vec::with_capacity(msg.len() + 160);
+            let mut obj = ObjectWriter::new(&mut out);
+            for (name, value) in &top {
+                let out = obj.key(name);
+                match name.as_str() {
+                    "id" => out.extend_from_slice(m.client_id.json().as_bytes()),
+                    "result" => modern_result(out, value.get(), m),
+                    "error" => modern_error(out, value.get()),
+                    _ => out.extend_from_slice(value.get().as_bytes()),
                 }
-                return Translated::Drop;
             }
-            // A log line on this call's own stream is this call's: relayed when the request
-            // asked for that level. Session-wide notifications (list changes, resource updates)
-            // come on the session's own channel and reach listeners, never a call's stream.
-            if method == "notifications/message"
-                && let Some(min) = m.log_level
-                && v["params"]["level"]
-                    .as_str()
-                    .and_then(crate::protocol::log_rank)
-                    .is_some_and(|l| l >= min)
-            {
-                return Translated::Forward(Bytes::copy_from_slice(msg));
-            }
-            Translated::Drop
+            obj.end();
+            Translated::Forward(Bytes::from(out))
         }
-        (None, true) => {
-            if v["id"] != json!(m.upstream_id) {
-                return Translated::Drop;
-            }
-            let obj = match v.as_object_mut() {
-                Some(o) => o,
-                None => return Translated::Drop,
-            };
-            obj.insert("id".into(), m.client_id.to_value());
-            if let Some(Value::Object(result)) = obj.get_mut("result") {
-                modernize_result(result, m);
-            } else if let Some(Value::Object(err)) = obj.get_mut("error")
-                && err.get("code").and_then(Value::as_i64) == Some(code::LEGACY_RESOURCE_NOT_FOUND)
-            {
-                err.insert("code".into(), json!(code::INVALID_PARAMS));
-            }
-            Translated::Forward(Bytes::from(v.to_string()))
-        }
-        (None, false) => Translated::Drop,
+        (None, None) => Translated::Drop,
     }
+}
+
+/// A notification from the legacy server during a call: its progress (token restored) and
+/// its log lines at the request's level reach the client.
+fn notification(msg: &[u8], method: &str, m: &Mapping) -> Translated {
+    let Ok(mut v) = serde_json::from_slice::<Value>(msg) else {
+        return Translated::Drop;
+    };
+    if method == "notifications/progress" {
+        if let (Some((up, client)), Some(p)) = (&m.token, v.get_mut("params"))
+            && p.get("progressToken") == Some(up)
+        {
+            p["progressToken"] = client.clone();
+            return Translated::Forward(Bytes::from(v.to_string()));
+        }
+        return Translated::Drop;
+    }
+    // A log line on this call's own stream is this call's: relayed when the request asked for
+    // that level. Session-wide notifications (list changes, resource updates) come on the
+    // session's own channel and reach listeners, never a call's stream.
+    if method == "notifications/message"
+        && let Some(min) = m.log_level
+        && v["params"]["level"]
+            .as_str()
+            .and_then(crate::protocol::log_rank)
+            .is_some_and(|l| l >= min)
+    {
+        return Translated::Forward(Bytes::copy_from_slice(msg));
+    }
+    Translated::Drop
+}
+
+/// [`modernize_result`] on the result's text: the members it lacks appended, the server's
+/// `serverInfo` added to its `_meta`. Not an object: as is.
+fn modern_result(out: &mut Vec<u8>, raw: &str, m: &Mapping) {
+    let Some(Members(result)) = parse_members(raw) else {
+        out.extend_from_slice(raw.as_bytes());
+        return;
+    };
+    let has = |key: &str| result.iter().any(|(k, _)| k == key);
+    let mut obj = ObjectWriter::new(out);
+    for (name, value) in &result {
+        let out = obj.key(name);
+        match &m.server_info {
+            Some(info) if name == "_meta" => meta_with_info(out, value.get(), info),
+            _ => out.extend_from_slice(value.get().as_bytes()),
+        }
+    }
+    if !has("resultType") {
+        obj.key("resultType").extend_from_slice(b"\"complete\"");
+    }
+    if is_cacheable_method(&m.method) {
+        if !has("ttlMs") {
+            let ttl = m.ttl_ms.to_string();
+            obj.key("ttlMs").extend_from_slice(ttl.as_bytes());
+        }
+        if !has("cacheScope") {
+            write_str(obj.key("cacheScope"), m.scope);
+        }
+    }
+    if let Some(info) = &m.server_info
+        && !has("_meta")
+    {
+        let mut meta_obj = ObjectWriter::new(obj.key("_meta"));
+        write_json(meta_obj.key(meta::SERVER_INFO), info);
+        meta_obj.end();
+    }
+    obj.end();
+}
+
+/// A result's `_meta` with `serverInfo` added when it has none. Not an object: as is.
+fn meta_with_info(out: &mut Vec<u8>, raw: &str, info: &Value) {
+    match parse_members(raw) {
+        Some(Members(fields)) if !fields.iter().any(|(k, _)| k == meta::SERVER_INFO) => {
+            let mut obj = ObjectWriter::new(out);
+            for (name, value) in &fields {
+                obj.key(name).extend_from_slice(value.get().as_bytes());
+            }
+            write_json(obj.key(meta::SERVER_INFO), info);
+            obj.end();
+        }
+        _ => out.extend_from_slice(raw.as_bytes()),
+    }
+}
+
+/// An error object, with the legacy resource-not-found code (`-32002`) made `-32602`.
+fn modern_error(out: &mut Vec<u8>, raw: &str) {
+    let legacy_code = |v: &RawValue| v.get().parse::<i64>() == Ok(code::LEGACY_RESOURCE_NOT_FOUND);
+    match parse_members(raw) {
+        Some(Members(fields))
+            if fields
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "code")
+                .is_some_and(|(_, v)| legacy_code(v)) =>
+        {
+            let mut obj = ObjectWriter::new(out);
+            for (name, value) in &fields {
+                let out = obj.key(name);
+                if name == "code" {
+                    out.extend_from_slice(code::INVALID_PARAMS.to_string().as_bytes());
+                } else {
+                    out.extend_from_slice(value.get().as_bytes());
+                }
+            }
+            obj.end();
+        }
+        _ => out.extend_from_slice(raw.as_bytes()),
+    }
+}
+
+/// A value built by portico or parsed from JSON: serializing it cannot fail.
+fn write_json(out: &mut Vec<u8>, v: &Value) {
+    let _ = serde_json::to_writer(&mut *out, v);
 }
 
 pub(super) fn modernize_result(result: &mut Map<String, Value>, m: &Mapping) {
@@ -237,6 +403,11 @@ pub(super) fn translate(reply: Reply, m: Mapping, mut guard: CancelGuard, io: Fl
 
 /// The HTTP status a translated error answer should carry.
 pub(super) fn error_status(msg: &[u8]) -> Option<StatusCode> {
+    static ERROR: crate::protocol::Needle =
+        crate::protocol::Needle::new(|| memchr::memmem::Finder::new(b"\"error\""));
+    if !ERROR.is_in(msg) {
+        return None; // cheap skip: results are not parsed again
+    }
     let v: Value = serde_json::from_slice(msg).ok()?;
     let c = v.get("error")?.get("code")?.as_i64()?;
     StatusCode::from_u16(status_for_code(c)).ok()
@@ -296,6 +467,57 @@ mod tests {
         let v: Value = serde_json::from_slice(&up).unwrap();
         assert!(v["params"].get("_meta").is_none(), "empty _meta removed");
         assert!(token.is_none());
+    }
+
+    #[test]
+    fn content_crosses_the_bridge_byte_for_byte() {
+        // Up: the arguments as the client wrote them (no float rounding, no key reordering).
+        let body = br#"{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"t","arguments":{"z":1.50,"a":[1e3,"\u00e9"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","progressToken":null}}}"#;
+        let (up, token) = to_legacy(body, 9).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&up).unwrap(),
+            r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"t","arguments":{"z":1.50,"a":[1e3,"\u00e9"]},"_meta":{"progressToken":null}}}"#
+        );
+        assert!(token.is_none(), "a null token is no token");
+        assert!(matches!(
+            to_legacy(b"[1]", 1),
+            Err(GatewayError::InvalidRequest(_))
+        ));
+        assert!(matches!(
+            to_legacy(b"{nope", 1),
+            Err(GatewayError::Parse(_))
+        ));
+        // Down: the content as the server wrote it, the modern members appended, serverInfo
+        // added to the server's own _meta.
+        let m = Mapping {
+            client_id: RequestId::from_value(&json!(7)).unwrap(),
+            upstream_id: 9,
+            token: None,
+            method: "tools/call".into(),
+            ttl_ms: 0,
+            scope: "private",
+            server_info: Some(json!({"name":"legacy"})),
+            log_level: None,
+        };
+        let Translated::Forward(out) = from_legacy(
+            br#"{"result":{"content":[{"type":"text","text":"x","n":1.50}],"_meta":{"k":1}},"jsonrpc":"2.0","id":9}"#,
+            &m,
+        ) else {
+            panic!("forwarded")
+        };
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"result":{"content":[{"type":"text","text":"x","n":1.50}],"_meta":{"k":1,"io.modelcontextprotocol/serverInfo":{"name":"legacy"}},"resultType":"complete"},"jsonrpc":"2.0","id":7}"#
+        );
+        assert_eq!(error_status(&out), None);
+        // An id that only looks like ours is someone else's answer.
+        for id in ["9.0", "\"9\"", "90"] {
+            let msg = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{}}}}"#);
+            assert!(
+                matches!(from_legacy(msg.as_bytes(), &m), Translated::Drop),
+                "{id}"
+            );
+        }
     }
 
     #[test]
