@@ -8,6 +8,7 @@
 #   TARGETS="direct nginx portico" CONCURRENCY=16 benches/run.sh
 #   BASE_BIN=/path/to/old/portico TARGETS="direct nginx portico portico-base" benches/run.sh
 #   BASE_BIN=... TARGETS="portico-legacy portico-legacy-base" benches/run.sh   # the bridge, before/after
+#   BASE_BIN=... TARGETS="nginx-list portico-agg portico-agg-base" benches/run.sh   # aggregation, before/after
 #   TARGETS="direct nginx-tls portico-tls nginx-h2 portico-h2" benches/run.sh   # TLS: wrk (h1), h2load (h2)
 #                                       # before/after: the same pass-through config on another build
 #
@@ -25,7 +26,7 @@ DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
 DEFAULT_TARGETS="direct nginx portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-list portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -64,7 +65,7 @@ declare -A T_SERVER=(
     [direct]=b1 [direct-list]=b1 [nginx]=nginx [nginx-list]=nginx
     [portico]=pass [portico-base]=base [portico-trace1]=trace1 [portico-trace001]=trace001 [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
     [portico-redis]=redis
-    [portico-agg]=agg [portico-agg-cache]=aggc [portico-legacy]=legacy [portico-legacy-base]=legacybase
+    [portico-agg]=agg [portico-agg-cache]=aggc [portico-agg-base]=aggbase [portico-legacy]=legacy [portico-legacy-base]=legacybase
     [direct-py]=py [portico-py-cache]=pycache
     [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
     [nginx-log]=nginxl [portico-log]=passlog
@@ -74,7 +75,7 @@ declare -A T_SERVER=(
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
     [portico]=tools/call [portico-base]=tools/call [portico-trace1]=tools/call [portico-trace001]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
-    [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list [portico-agg-cache]=tools/list
+    [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list [portico-agg-cache]=tools/list [portico-agg-base]=tools/list
     [portico-legacy]=tools/call [portico-legacy-base]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
     [nginx-log]=tools/call [portico-log]=tools/call
@@ -84,7 +85,7 @@ declare -A T_METHOD=(
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
     [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-trace1]=/mcp/bench [portico-trace001]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
-    [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp [portico-agg-cache]=/mcp
+    [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp [portico-agg-cache]=/mcp [portico-agg-base]=/mcp
     [portico-legacy]=/mcp/legacy [portico-legacy-base]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
     [nginx-log]=/mcp [portico-log]=/mcp/bench
@@ -94,7 +95,7 @@ declare -A T_PATH=(
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
     [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-trace1]=b1 [portico-trace001]=b1 [portico-list]=b1
-    [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
+    [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-agg-base]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
     [direct-py]=py [portico-py-cache]=py
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
     [nginx-log]=b1 [portico-log]=b1
@@ -102,7 +103,7 @@ declare -A T_BACKEND=(
     [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1
 )
 # Every portico instance the script can start (one process per configuration).
-INSTANCES="pass base trace1 trace001 verify cache redis agg aggc legacy legacybase passh passp passlog tls h2 pycache"
+INSTANCES="pass base trace1 trace001 verify cache redis agg aggc aggbase legacy legacybase passh passp passlog tls h2 pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -149,7 +150,7 @@ fi
 [[ -x $PORTICO_BIN ]] || die "no portico binary at $PORTICO_BIN"
 [[ -x $BACKEND_BIN ]] || die "no bench backend binary at $BACKEND_BIN"
 if wants hb || wants passh; then [[ -x $HYPER_BIN ]] || die "no hyper backend binary at $HYPER_BIN"; fi
-if wants base || wants legacybase; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base and portico-legacy-base need BASE_BIN=<another portico binary>"; fi
+if wants base || wants legacybase || wants aggbase; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base, portico-legacy-base and portico-agg-base need BASE_BIN=<another portico binary>"; fi
 
 # ---------------------------------------------------------------- processes
 TMP=$(mktemp -d /tmp/portico-bench.XXXXXX) || die "mktemp failed"
@@ -259,7 +260,7 @@ protocol = "modern"
 EOF
         [[ $name == verify ]] && echo 'verify_body = "always"'
         ;;
-    agg | aggc)
+    agg | aggc | aggbase)
         local b
         for b in b1 b2 b3; do
             printf '[[backends]]\nname = "%s"\nurl = "http://127.0.0.1:%s/mcp"\nprotocol = "modern"\n\n' \
@@ -296,7 +297,7 @@ EOF
 
 start_portico() { # instance name
     local name=$1 conf=$TMP/portico-$1.toml bin=$PORTICO_BIN
-    [[ $name == base || $name == legacybase ]] && bin=$BASE_BIN
+    [[ $name == base || $name == legacybase || $name == aggbase ]] && bin=$BASE_BIN
     pick_port; PORT[$name]=$FREE_PORT
     portico_conf "$name" "$FREE_PORT" >"$conf"
     if ! "$bin" --check --config "$conf" >"$TMP/$name.check" 2>&1; then
@@ -525,7 +526,7 @@ check_target() { # TARGET: probes it; on failure records NA[TARGET]
     if ((after <= before)) && [[ $t != portico-agg || $AGG_CACHE != 1 ]]; then
         NA[$t]="answered, but the request never reached backend $be"; return 1
     fi
-    if [[ $t == portico-agg ]] && ((PROBE_TOOLS != 3 * BASE_TOOLS)); then
+    if [[ $t == portico-agg* ]] && ((PROBE_TOOLS != 3 * BASE_TOOLS)); then
         NA[$t]="aggregated list has $PROBE_TOOLS tools, want 3 x $BASE_TOOLS"; return 1
     fi
     if [[ $(proto_of "$t") != http ]]; then
@@ -549,7 +550,7 @@ if ((WANTS_TLS)); then
     fi
 fi
 start_backend b1 --name bench-b1 || die "${DOWN[b1]}"
-if wants agg || wants aggc; then start_backend b2 --name bench-b2; start_backend b3 --name bench-b3; fi
+if wants agg || wants aggc || wants aggbase; then start_backend b2 --name bench-b2; start_backend b3 --name bench-b3; fi
 # The span sink of the traced instances: another bench backend (it answers any POST with 200).
 if wants trace1 || wants trace001; then start_backend sink --name bench-sink; fi
 if wants legacy || wants legacybase; then start_backend bl --legacy --name bench-legacy; fi
@@ -809,6 +810,7 @@ inst_desc() {
     redis) echo "portico-redis ([cache] redis_url, local = false)" ;;
     agg) echo "portico-agg (3 backends, one endpoint)" ;;
     aggc) echo "portico-agg-cache (3 backends, one endpoint, [cache] enabled)" ;;
+    aggbase) echo "portico-agg-base (3 backends, one endpoint, BASE_BIN)" ;;
     legacy) echo "portico-legacy (legacy backend)" ;;
     legacybase) echo "portico-legacy-base (legacy backend, BASE_BIN)" ;;
     pycache) echo "portico-py-cache ([cache] enabled, Python SDK backend)" ;;
