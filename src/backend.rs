@@ -355,3 +355,46 @@ pub struct LegacySession {
     /// `protocol::LOG_LEVELS`; 0 = never set (the server's default).
     pub log_level: AtomicU8,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(id: u64, tools: &[&str]) -> Bytes {
+        let tools: Vec<_> = tools
+            .iter()
+            .map(|t| serde_json::json!({"name": t, "inputSchema": {"type": "object"}}))
+            .collect();
+        Bytes::from(
+            serde_json::json!({"jsonrpc":"2.0","id":id,"result":{"tools":tools}}).to_string(),
+        )
+    }
+
+    /// The same list again (under another id) is not learnt twice; a changed one is, at once,
+    /// and so is a list seen before the last one.
+    #[test]
+    fn a_tool_list_is_learnt_when_it_changes() {
+        let cfg = crate::config::validate(
+            crate::config::parse("[[backends]]\nname='d'\nbuiltin='demo'\n").expect("parse"),
+        )
+        .expect("valid");
+        let b = Backend::build(&cfg.backends[0]).expect("backend");
+        b.learn_tools_list(&list(1, &["a"]));
+        assert!(b.stats.tools.knows("a"));
+        let seen = b.tools_list_seen.lock().unwrap().clone();
+        b.learn_tools_list(&list(2, &["a"]));
+        assert_eq!(
+            b.tools_list_seen.lock().unwrap().as_ptr(),
+            seen.as_ptr(),
+            "the same result under another id is the one learnt"
+        );
+        b.learn_tools_list(&list(3, &["a", "b"]));
+        assert!(b.stats.tools.knows("b"));
+        b.tool_params.forget("a");
+        b.learn_tools_list(&list(4, &["a"]));
+        assert!(
+            b.tool_params.get("a").is_some(),
+            "a list seen before the last one"
+        );
+    }
+}

@@ -577,10 +577,9 @@ fn server_meta() -> Value {
 }
 
 fn result(req: &Req<'_>, result: Map<String, Value>) -> Reply {
-    let id = req.env.id.as_ref().map_or(Value::Null, |i| i.to_value());
     Reply::one(
         StatusCode::OK,
-        to_json(&json!({"jsonrpc":"2.0","id":id,"result":result})),
+        to_json(&json!({"jsonrpc":"2.0","id":req.id(),"result":result})),
     )
 }
 
