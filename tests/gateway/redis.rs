@@ -514,3 +514,86 @@ async fn an_invalidated_record_stays_dead_when_generations_vanish() {
     assert_eq!(get(&b, &calls).await, Outcome::Miss);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// `portico_cache_requests_total{outcome}` of one replica.
+async fn cache_outcome(gw: &Gateway, outcome: &str) -> f64 {
+    let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let line = format!("portico_cache_requests_total{{outcome=\"{outcome}\"}} ");
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&line)
+                .map(|v| v.trim().parse().unwrap_or(0.0))
+        })
+        .unwrap_or(0.0)
+}
+
+/// A merged page of an aggregated endpoint is one shared entry: replica A is served B's page
+/// from Redis (one shared hit, not one per member, and no member asked); purging one member on
+/// A kills the page on B as well (its record carries the members' generations, its local copy
+/// goes with the member's invalidation message), and B's re-merge asks only that member again.
+#[tokio::test]
+async fn a_merged_page_is_shared_and_dies_with_any_member_on_every_replica() {
+    let redis = RedisServer::start().await;
+    let start = || {
+        MockMcp::modern()
+            .ttl_ms(Some(600_000))
+            .cache_scope(Some("public"))
+            .start()
+    };
+    let (x, y) = (start().await, start().await);
+    let conf = format!(
+        "[log]\naccess = false\n[metrics]\n[admin]\nlisten = \"127.0.0.1:0\"\n[cache]\n\
+         redis_url = \"{}\"\nredis_timeout_ms = 1000\n\
+         [[backends]]\nname = \"x\"\nurl = \"{}\"\ntimeout_ms = 10000\n\
+         [[backends]]\nname = \"y\"\nurl = \"{}\"\ntimeout_ms = 10000\n\
+         [[endpoints]]\npath = \"/mcp\"\nbackends = [\"x\", \"y\"]\n",
+        redis.url(),
+        x.url(),
+        y.url()
+    );
+    let a = Gateway::start(&conf).await;
+    let b = Gateway::start(&conf).await;
+    redis.wait_subscribers(2).await;
+    let merged = |gw: &Gateway, id: i64| {
+        let url = gw.url("/mcp");
+        async move {
+            let r = mcp(&url, json!(id), "tools/list", json!({})).await;
+            assert_eq!(r.status, 200, "{:?}", r.body);
+            assert_eq!(r.json()["id"], id);
+            r.json()["result"]["tools"].clone()
+        }
+    };
+    let counts = || (x.count("tools/list"), y.count("tools/list"));
+    let page = merged(&b, 1).await;
+    assert_eq!(page.as_array().map(Vec::len), Some(12));
+    assert_eq!(counts(), (1, 1));
+    let shared = cache_outcome(&a, "shared_hit").await;
+    assert_eq!(merged(&a, 2).await, page);
+    assert_eq!(counts(), (1, 1), "no member asked");
+    assert_eq!(
+        cache_outcome(&a, "shared_hit").await - shared,
+        1.0,
+        "the whole page from Redis, not its parts"
+    );
+    let r = send(
+        "POST",
+        &a.admin_url("/admin/cache/purge?backend=x"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut id = 10;
+    while counts().0 < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "B still serves the page x was purged from"
+        );
+        assert_eq!(merged(&b, id).await, page);
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counts(), (2, 1), "only the purged member asked again");
+}
