@@ -6,7 +6,8 @@
 //!   (`frontend::era`, `check_modern_head`, `verify_modern`, `protocol::parse_envelope`,
 //!   content/origin checks) and the bearer-token parser (`auth::check_jwt`).
 //! - [`upstream_answer`]: a backend's bytes → SSE events → JSON-RPC messages, the bridge's probe
-//!   classification and the cache's storability decision.
+//!   classification, the cache's storability decision, the bridge's text translations both ways
+//!   and an aggregated endpoint's one-pass list reader and merge (their output must be JSON).
 //!
 //! The wire (HTTP/1.1 framing), each checked against `httparse` and RFC 9112 — a disagreement is
 //! a panic, so a finding:
@@ -139,6 +140,46 @@ pub fn upstream_answer(data: &[u8]) {
     }
     let _ = crate::bridge::classify_http(status, &messages);
     let _ = crate::bridge::classify_stdio(Some(&messages));
+    for m in &messages {
+        crate::bridge::fuzz_translate(m);
+        merge_answer(m);
+    }
+}
+
+/// A member's answer read and merged as an aggregated endpoint does, under each list kind:
+/// the merged items must always be a JSON array.
+fn merge_answer(m: &[u8]) {
+    use crate::merge::{self, ListAnswer, ListKind, Naming};
+    let namings = [
+        Naming {
+            backend: "a".into(),
+            prefix: "a".into(),
+            tools: Default::default(),
+        },
+        Naming {
+            backend: "b".into(),
+            prefix: String::new(),
+            tools: Default::default(),
+        },
+    ];
+    for kind in [ListKind::Tools, ListKind::Resources] {
+        let pages: Vec<_> = (0..2)
+            .filter_map(|i| match merge::read_list_answer(kind, i, m) {
+                ListAnswer::Page(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        if let Ok(merged) = merge::merge_list(kind, &namings, "__", &pages) {
+            let items: Result<Vec<serde::de::IgnoredAny>, _> =
+                serde_json::from_slice(&merged.items);
+            assert!(
+                items.is_ok_and(|v| v.len() == merged.count),
+                "merged items are not an array of {}: {}",
+                merged.count,
+                String::from_utf8_lossy(&merged.items)
+            );
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -936,6 +977,11 @@ mod tests {
         b"\0{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{}}",
         b"\x00event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"supportedVersions\":[\"2026-07-28\"],\"ttlMs\":5,\"cacheScope\":\"public\",\"resultType\":\"complete\"}}\n\n",
         b"\x02data: {\"jsonrpc\":\"2.0\",\"id\":1,\x01\"error\":{\"code\":-32601}}\r\n\r\n: keepalive\n\n",
+        // A member's list page / a legacy server's answer to upstream id 7.
+        b"\x00{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"tools\":[{\"name\":\"t\\u00e9\",\"inputSchema\":{\"type\":\"object\"}},{\"uri\":\"x://y\",\"name\":\"r\"},7],\"nextCursor\":\"c\",\"ttlMs\":5,\"cacheScope\":\"public\",\"_meta\":{\"k\":1.50}}}",
+        b"\x00{\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32002,\"message\":\"gone\"}}",
+        // A 2026-07-28 request as the bridge sends it up.
+        b"\x00{\"jsonrpc\":\"2.0\",\"id\":\"c\",\"method\":\"tools/call\",\"params\":{\"name\":\"t\",\"arguments\":{\"a\":[1e3]},\"_meta\":{\"progressToken\":3,\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\"}}}",
     ];
 
     /// xorshift64*: deterministic, no dependency.

@@ -68,6 +68,7 @@ pub use probe::{
 pub use session::{close, close_owner, open, session};
 
 use session::{forget_session, on_session_error, session_or_modern, stdio_of};
+pub use translate::fuzz_both_ways as fuzz_translate;
 use translate::{CancelGuard, Mapping, scope_str, to_legacy, translate};
 
 use bytes::Bytes;

@@ -413,6 +413,40 @@ pub(super) fn error_status(msg: &[u8]) -> Option<StatusCode> {
     StatusCode::from_u16(status_for_code(c)).ok()
 }
 
+/// Both translations of one message, as hostile as it comes (the fuzz entry points' view; no
+/// I/O). What the text rewriters write from valid JSON must be valid JSON: a panic otherwise.
+pub fn fuzz_both_ways(msg: &[u8]) {
+    let valid = serde_json::from_slice::<serde::de::IgnoredAny>(msg).is_ok();
+    let must_parse = |what: &str, out: &[u8]| {
+        assert!(
+            !valid || serde_json::from_slice::<serde::de::IgnoredAny>(out).is_ok(),
+            "{what} wrote invalid JSON: {}",
+            String::from_utf8_lossy(out)
+        );
+    };
+    if let Ok((up, _)) = to_legacy(msg, 7) {
+        must_parse("to_legacy", &up);
+    }
+    let m = Mapping {
+        client_id: RequestId::number(1),
+        upstream_id: 7,
+        token: Some((json!("portico-7"), json!(1))),
+        method: "tools/list".into(),
+        ttl_ms: 5,
+        scope: "public",
+        server_info: Some(json!({"name": "fuzz"})),
+        log_level: Some(0),
+    };
+    match from_legacy(msg, &m) {
+        Translated::Forward(out) => {
+            must_parse("from_legacy", &out);
+            let _ = error_status(&out);
+        }
+        Translated::Answer(out) => must_parse("an answer upstream", &out),
+        Translated::Drop => {}
+    }
+}
+
 /// Sends `notifications/cancelled` upstream when dropped while armed.
 pub(super) struct CancelGuard {
     pub(super) backend: Arc<Backend>,
