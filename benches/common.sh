@@ -44,3 +44,30 @@ wait_port() { # PORT PID [SECONDS]: until PORT accepts connections; fails if PID
 }
 
 status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
+
+# The EXIT trap of both scripts: stops everything in ALL_PIDS (TERM, then KILL after 5 s), removes
+# $TMP unless KEEP_TMP=1, and exits with the script's status. A script that must stop something
+# its own way first (nginx's graceful quit) defines before_cleanup.
+cleanup() {
+    local rc=$? pid any
+    trap - EXIT INT TERM
+    set +e
+    declare -F before_cleanup >/dev/null && before_cleanup
+    for pid in "${ALL_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for _ in $(seq 50); do
+        any=0
+        for pid in "${ALL_PIDS[@]}"; do alive "$pid" && any=1; done
+        ((any)) || break
+        sleep 0.1
+    done
+    for pid in "${ALL_PIDS[@]}"; do alive "$pid" && kill -KILL "$pid" 2>/dev/null; done
+    wait 2>/dev/null
+    if [[ $KEEP_TMP == 1 ]]; then say "kept configs and logs in $TMP"; else rm -rf "$TMP"; fi
+    exit "$rc"
+}
+
+install_cleanup() {
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}

@@ -159,27 +159,8 @@ declare -A PID=()  # server name -> pid
 ALL_PIDS=()        # everything started, for cleanup
 NGINX_MASTER=
 
-
-cleanup() {
-    local rc=$? pid any
-    trap - EXIT INT TERM
-    set +e
-    [[ -n $NGINX_MASTER ]] && kill -QUIT "$NGINX_MASTER" 2>/dev/null
-    for pid in "${ALL_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-    for _ in $(seq 50); do
-        any=0
-        for pid in "${ALL_PIDS[@]}"; do alive "$pid" && any=1; done
-        ((any)) || break
-        sleep 0.1
-    done
-    for pid in "${ALL_PIDS[@]}"; do alive "$pid" && kill -KILL "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    if [[ $KEEP_TMP == 1 ]]; then say "kept configs and logs in $TMP"; else rm -rf "$TMP"; fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+before_cleanup() { [[ -n $NGINX_MASTER ]] && kill -QUIT "$NGINX_MASTER" 2>/dev/null; }
+install_cleanup
 
 pin_loadgen() { if [[ $PIN == 1 ]]; then taskset -c "$LOADGEN_CPUS" "$@"; else "$@"; fi; }
 

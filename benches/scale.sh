@@ -100,25 +100,7 @@ stop() { # NAME: TERM, up to 5 s, then KILL; reaped
     unset "PID[$1]"
 }
 
-cleanup() {
-    local rc=$? pid any
-    trap - EXIT INT TERM
-    set +e
-    for pid in "${ALL_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-    for _ in $(seq 50); do
-        any=0
-        for pid in "${ALL_PIDS[@]}"; do alive "$pid" && any=1; done
-        ((any)) || break
-        sleep 0.1
-    done
-    for pid in "${ALL_PIDS[@]}"; do alive "$pid" && kill -KILL "$pid" 2>/dev/null; done
-    wait 2>/dev/null
-    if [[ $KEEP_TMP == 1 ]]; then say "kept configs and logs in $TMP"; else rm -rf "$TMP"; fi
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+install_cleanup
 
 on_servers() { if [[ $PIN == 1 ]]; then taskset -c "$SERVER_CPUS" "$@"; else "$@"; fi; }
 on_loadgen() { if [[ $PIN == 1 ]]; then taskset -c "$LOADGEN_CPUS" "$@"; else "$@"; fi; }

@@ -112,15 +112,22 @@ impl<'de> Deserialize<'de> for Members<'de> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
-                let mut members = Vec::new();
-                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
-                    members.push(member);
-                }
-                Ok(Members(members))
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Members<'de>, A::Error> {
+                Members::read(map)
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+impl<'de> Members<'de> {
+    /// The members of the object `map` is at (for a visitor that reads objects as members).
+    pub fn read<A: MapAccess<'de>>(mut map: A) -> Result<Members<'de>, A::Error> {
+        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4).min(64));
+        while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+            members.push(member);
+        }
+        Ok(Members(members))
     }
 }
 

@@ -142,6 +142,46 @@ pub fn read_list_answer(kind: ListKind, member: usize, message: &[u8]) -> ListAn
     }
 }
 
+/// The visits of the value kinds a lenient reader does not want: the value is skipped and
+/// `$none` returned, so a member of the wrong kind reads as nothing rather than failing the
+/// whole answer. `seq` or `map` names the compound kind that is unwanted too.
+macro_rules! skip_others {
+    (seq, $none:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok($none)
+        }
+        skip_others!(@scalars $none);
+    };
+    (map, $none:expr) => {
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok($none)
+        }
+        skip_others!(@scalars $none);
+    };
+    (@scalars $none:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($none)
+        }
+    };
+}
+
 /// The message object: its `result` (as a page) and `error`; the rest skipped.
 struct MessageSeed {
     kind: ListKind,
@@ -222,28 +262,7 @@ impl<'de> Visitor<'de> for PageSeed {
         }
         Ok(Some(page))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
+    skip_others!(seq, None);
 }
 
 /// The list field: the items of an array (anything else: none).
@@ -264,28 +283,7 @@ impl<'de> Deserialize<'de> for Items<'de> {
                 }
                 Ok(Items(items))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Items<'de>, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Items(Vec::new()))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Items<'de>, E> {
-                Ok(Items(Vec::new()))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Items<'de>, E> {
-                Ok(Items(Vec::new()))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Items<'de>, E> {
-                Ok(Items(Vec::new()))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Items<'de>, E> {
-                Ok(Items(Vec::new()))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Items<'de>, E> {
-                Ok(Items(Vec::new()))
-            }
-            fn visit_unit<E>(self) -> Result<Items<'de>, E> {
-                Ok(Items(Vec::new()))
-            }
+            skip_others!(map, Items(Vec::new()));
         }
         d.deserialize_any(V)
     }
@@ -306,35 +304,10 @@ impl<'de> Visitor<'de> for PageItem {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an item")
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4).min(64));
-        while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
-            members.push(member);
-        }
-        Ok(Some(Members(members)))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        Members::read(map).map(Some)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
+    skip_others!(seq, None);
 }
 
 /// A merged page.

@@ -15,9 +15,9 @@ use crate::cache::{Fetched, KeyInput};
 use crate::error::GatewayError;
 use crate::jsonrpc::write_str;
 use crate::merge::{self, ListAnswer, ListKind};
-use crate::protocol::{self, header as h};
+use crate::protocol;
 use crate::resilience::BreakerState;
-use crate::step::RequestCtx;
+use crate::step::{self, RequestCtx};
 use crate::upstream::Reply;
 
 /// One merged list page: the first (no cursor) or the one a cursor points at. With the cache
@@ -49,7 +49,6 @@ pub(super) async fn list(
         .as_deref()
         .and_then(|p| p.team.as_deref())
         .unwrap_or("");
-    let covers: Vec<&str> = req.ep.namings.iter().map(|n| n.backend.as_str()).collect();
     let key = KeyInput {
         backend: &req.ep.cache_name,
         credential_id: team,
@@ -61,18 +60,13 @@ pub(super) async fn list(
             .unwrap_or(protocol::LATEST_VERSION),
         capabilities: env.client_capabilities.as_deref(),
         client_info: env.client_info.as_deref(),
-        covers: &covers,
+        covers: &req.ep.member_names,
     };
     let partition = auth::partition(ctx.principal.as_deref(), req.headers);
     // As for one backend (`step`): anything that could shape the answer outside the key, or a
     // member the breaker keeps out, goes around the cache.
     let bypass = env.is_retry
-        || env.params_beyond_selector
-        || env.meta_beyond_keyed
-        || req
-            .headers
-            .keys()
-            .any(|k| k.as_str().starts_with(h::PARAM_PREFIX))
+        || !step::cache_keyed(env, req.headers)
         || req
             .ep
             .members

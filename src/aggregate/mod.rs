@@ -40,7 +40,7 @@ use http::{HeaderMap, Response, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -87,6 +87,9 @@ pub struct Endpoint {
     /// config, so replicas sharing Redis with a different config for the path (a rolling
     /// update) never serve each other's merges. Backend names cannot hold `/` or `#`.
     pub cache_name: String,
+    /// The members' backend names, in member order: what a merged page covers
+    /// (`KeyInput::covers`).
+    member_names: Vec<String>,
     index: RwLock<Index>,
 }
 
@@ -137,6 +140,7 @@ impl Endpoint {
         Ok(Endpoint {
             path: cfg.path.as_str().into(),
             namings: members.iter().map(|m| m.naming.clone()).collect(),
+            member_names: members.iter().map(|m| m.naming.backend.clone()).collect(),
             members,
             separator: cfg.separator.clone(),
             failure_mode: cfg.failure_mode,
@@ -316,7 +320,7 @@ pub async fn answer(
         headers,
         env,
         client: &client,
-        part_meta: part_meta(&body, env.has_progress_token),
+        part_meta: OnceLock::new(),
         body: &body,
     };
     if let Some(kind) = list_kind {
@@ -344,8 +348,9 @@ struct Req<'a> {
     env: &'a Envelope,
     /// The client's body, parsed (`Null` for the fan-out methods, which need only `part_meta`).
     client: &'a Value,
-    /// The client's `params._meta` as JSON text, for the part requests.
-    part_meta: String,
+    /// The client's `params._meta` as JSON text, for the part requests: cut from the body the
+    /// first time a part is sent (a routed call needs it only when it must walk a list).
+    part_meta: OnceLock<String>,
     /// The client's body as it came.
     body: &'a Bytes,
 }
@@ -401,7 +406,10 @@ impl Req<'_> {
     /// A 2026-07-28 request for one member: `params` plus the client's `_meta`, written as
     /// text (one body per member per request on the fan-out path).
     fn part_body(&self, method: &str, params: Map<String, Value>) -> Bytes {
-        let mut out = Vec::with_capacity(96 + method.len() + self.part_meta.len());
+        let meta = self
+            .part_meta
+            .get_or_init(|| part_meta(self.body, self.env.has_progress_token));
+        let mut out = Vec::with_capacity(96 + method.len() + meta.len());
         out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
         out.extend_from_slice(self.id_json().as_bytes());
         out.extend_from_slice(b",\"method\":");
@@ -415,7 +423,7 @@ impl Req<'_> {
             out.push(b',');
         }
         out.extend_from_slice(b"\"_meta\":");
-        out.extend_from_slice(self.part_meta.as_bytes());
+        out.extend_from_slice(meta.as_bytes());
         out.extend_from_slice(b"}}");
         Bytes::from(out)
     }

@@ -75,7 +75,7 @@ pub(super) fn to_legacy(
     for (name, value) in &top {
         let out = obj.key(name);
         match name.as_str() {
-            "id" => out.extend_from_slice(upstream_id.to_string().as_bytes()),
+            "id" => out.extend_from_slice(itoa::Buffer::new().format(upstream_id).as_bytes()),
             "params" => legacy_params(out, value.get(), upstream_id, &mut token),
             _ => out.extend_from_slice(value.get().as_bytes()),
         }

@@ -66,7 +66,7 @@ impl Entry {
             backend: input.backend.into(),
             method: input.method.into(),
             uri,
-            covers: input.covers.iter().map(|&m| m.into()).collect(),
+            covers: input.covers.iter().map(|m| m.as_str().into()).collect(),
             result,
             fresh_until,
             stale_until,

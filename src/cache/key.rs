@@ -60,7 +60,7 @@ pub struct KeyInput<'a> {
     pub client_info: Option<&'a str>,
     /// For an aggregated endpoint's merged answer (`aggregate`): the member backends it was
     /// built from, so a change to any of them drops it. Empty for one backend's answer.
-    pub covers: &'a [&'a str],
+    pub covers: &'a [String],
 }
 
 /// Which half of the key space a key is in.

@@ -647,7 +647,7 @@ mod tests {
         assert_eq!(gen_keys("p:v1:", &list).len(), 3);
         let merged = KeyInput {
             backend: "/mcp#1",
-            covers: &["b1", "b2"],
+            covers: &["b1".into(), "b2".into()],
             ..list
         };
         assert_eq!(

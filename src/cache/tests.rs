@@ -984,7 +984,7 @@ async fn replacing_an_entry_keeps_the_gauges_right() {
 async fn a_merged_entry_dies_with_any_member() {
     let c = cache();
     let calls = AtomicUsize::new(0);
-    let members = ["b1", "b2"];
+    let members = ["b1".to_string(), "b2".to_string()];
     let merged = KeyInput {
         backend: "/mcp#0123",
         covers: &members,

@@ -822,15 +822,7 @@ async fn cached(
     // has none), in µs: an atomic because the fetch future must stay `Send`.
     let upstream_us = std::sync::atomic::AtomicU64::new(u64::MAX);
     let shared: &RequestCtx = ctx;
-    // Everything that can shape the answer must be in the key, or the request is not cached:
-    // a param beyond the selector, a `_meta` member the key does not cover, or an
-    // `Mcp-Param-*` header (arguments mirrored; a cacheable method has none) go around it.
-    let keyed = !env.params_beyond_selector
-        && !env.meta_beyond_keyed
-        && !req
-            .headers
-            .keys()
-            .any(|k| k.as_str().starts_with(h::PARAM_PREFIX));
+    let keyed = cache_keyed(env, req.headers);
     let served = core
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry || !keyed, || async {
@@ -871,6 +863,17 @@ async fn cached(
     }
     let status = http::StatusCode::from_u16(served.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
     Ok(Reply::one(status, served.body))
+}
+
+/// Whether everything that can shape a cacheable request's answer is in its cache key; if not,
+/// the request goes around the cache: a param beyond the selector, a `_meta` member the key
+/// does not cover, or an `Mcp-Param-*` header (arguments mirrored; a cacheable method has none).
+pub fn cache_keyed(env: &Envelope, headers: &HeaderMap) -> bool {
+    !env.params_beyond_selector
+        && !env.meta_beyond_keyed
+        && !headers
+            .keys()
+            .any(|k| k.as_str().starts_with(h::PARAM_PREFIX))
 }
 
 /// Whether a JSON-RPC response is an error.

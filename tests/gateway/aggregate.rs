@@ -574,17 +574,6 @@ async fn list_changed_from_a_legacy_member_reaches_a_listener() {
     gw.stop().await;
 }
 
-/// `portico_cache_requests_total{outcome}` from the metrics listener.
-async fn cache_outcomes(gw: &Gateway, outcome: &str) -> f64 {
-    let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
-    let text = String::from_utf8_lossy(&r.body).to_string();
-    let line = format!("portico_cache_requests_total{{outcome=\"{outcome}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&line))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The merged page without what differs between two answers of one entry (`id`, `ttlMs`).
 fn page_facts(v: &Value) -> Value {
     let mut r = v["result"].clone();
@@ -616,7 +605,7 @@ async fn merged_lists_are_cached_whole_and_dropped_with_any_member() {
     assert_eq!(names(&first, "tools").len(), 18);
     let counts = || [&a, &b, &c].map(|m| m.count("tools/list"));
     assert_eq!(counts(), [1, 1, 1]);
-    let hits = cache_outcomes(&gw, "hit").await;
+    let hits = cache_outcome(&gw, "hit").await;
     let second = mcp(&url, json!("two"), "tools/list", json!({}))
         .await
         .json();
@@ -626,7 +615,7 @@ async fn merged_lists_are_cached_whole_and_dropped_with_any_member() {
     assert!(ttl > 0 && ttl <= 600_000, "the remaining freshness: {ttl}");
     assert_eq!(counts(), [1, 1, 1], "no member asked");
     assert_eq!(
-        cache_outcomes(&gw, "hit").await - hits,
+        cache_outcome(&gw, "hit").await - hits,
         1.0,
         "one hit for the whole page, not one per member"
     );

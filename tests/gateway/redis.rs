@@ -515,19 +515,6 @@ async fn an_invalidated_record_stays_dead_when_generations_vanish() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-/// `portico_cache_requests_total{outcome}` of one replica.
-async fn cache_outcome(gw: &Gateway, outcome: &str) -> f64 {
-    let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
-    let line = format!("portico_cache_requests_total{{outcome=\"{outcome}\"}} ");
-    String::from_utf8_lossy(&r.body)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&line)
-                .map(|v| v.trim().parse().unwrap_or(0.0))
-        })
-        .unwrap_or(0.0)
-}
-
 /// A merged page of an aggregated endpoint is one shared entry: replica A is served B's page
 /// from Redis (one shared hit, not one per member, and no member asked); purging one member on
 /// A kills the page on B as well (its record carries the members' generations, its local copy

@@ -264,6 +264,16 @@ pub async fn mcp_with(
     send("POST", url, &h, modern_body(id, method, params)).await
 }
 
+/// `portico_cache_requests_total{outcome}` on a gateway's metrics listener (0 when absent).
+pub async fn cache_outcome(gw: &Gateway, outcome: &str) -> f64 {
+    let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let line = format!("portico_cache_requests_total{{outcome=\"{outcome}\"}} ");
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .find_map(|l| l.strip_prefix(&line).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
 /// Writes `contents` (a key, a token) to a file of its own and returns its path. Tests run
 /// concurrently: a shared file that one test rewrites could be read empty by another's config.
 pub fn secret_file(tag: &str, contents: &str) -> std::path::PathBuf {
