@@ -10,8 +10,12 @@
 //! branch on an `Option`, and the request's context carries `None`.
 //!
 //! Sampling is parent-based: a client's `traceparent` decides for its request (its sampled flag
-//! is followed), and traces that start here are kept at `sampling_ratio`. An unsampled request
-//! still gets span ids, so the backend sees a consistent `traceparent` (flag `00`).
+//! is followed), and traces that start here are kept at `sampling_ratio`. That decision is made
+//! here, before the SDK is asked for anything: an unsampled request is only ids (a trace id, and
+//! a span id per upstream attempt, so the backend sees a consistent `traceparent` with flag
+//! `00`); no span is built, named or given attributes for it, so a low ratio costs little on the
+//! requests it does not keep (README, "Traces", has the benchmark figures). The SDK's own
+//! sampler is therefore parent-based over "always": it only sees requests already kept.
 
 use http::HeaderValue;
 use opentelemetry::trace::{
@@ -20,7 +24,9 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, Span};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SdkTracer, SdkTracerProvider, Span,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -45,6 +51,8 @@ pub struct Telemetry {
 struct Inner {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
+    /// `sampling_ratio`, for traces that start here.
+    ratio: f64,
 }
 
 impl Telemetry {
@@ -68,9 +76,7 @@ impl Telemetry {
             .map_err(|e| format!("tracing.otlp_endpoint: {e}"))?;
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
-            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-                cfg.sampling_ratio,
-            ))))
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
             .with_resource(
                 Resource::builder_empty()
                     .with_service_name(cfg.service_name.clone())
@@ -79,7 +85,11 @@ impl Telemetry {
             .build();
         let tracer = provider.tracer(SCOPE);
         Ok(Telemetry {
-            inner: Some(Inner { provider, tracer }),
+            inner: Some(Inner {
+                provider,
+                tracer,
+                ratio: cfg.sampling_ratio,
+            }),
         })
     }
 
@@ -92,7 +102,7 @@ impl Telemetry {
     #[inline]
     pub fn request(&self, traceparent: Option<&HeaderValue>) -> Option<Trace> {
         let inner = self.inner.as_ref()?;
-        Some(Trace::start(&inner.tracer, traceparent))
+        Some(Trace::start(inner, traceparent))
     }
 
     /// Exports what is still queued and stops the exporter. On a blocking thread: the SDK
@@ -145,23 +155,49 @@ fn parent(traceparent: &HeaderValue) -> Option<SpanContext> {
     cx.is_valid().then_some(cx)
 }
 
-/// The `traceparent` naming `cx` as the parent (version 00).
-fn header_for(cx: &SpanContext) -> HeaderValue {
-    let v = format!(
-        "00-{}-{}-{:02x}",
-        cx.trace_id(),
-        cx.span_id(),
-        cx.trace_flags().to_u8()
-    );
-    HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
+/// Whether a trace that starts here is kept at `ratio`, given a uniformly random `draw`.
+fn keep(ratio: f64, draw: u64) -> bool {
+    // The top 53 bits as a fraction in [0, 1): exact in an f64.
+    let fraction = (draw >> 11) as f64 / (1u64 << 53) as f64;
+    ratio >= 1.0 || fraction < ratio
 }
 
-/// A request's trace: its server span, and what child spans need. Cloning is cheap and shares
-/// the span (an aggregated endpoint's concurrent parts each hold a clone); only the pipeline's
-/// exit finishes it ([`Trace::finish`]). A request dropped before its exit ends the span
-/// unfinished when the last clone goes.
+/// The `traceparent` naming `cx` as the parent (version 00): 55 bytes written directly, since
+/// it is built for every upstream attempt of every traced request (through `format!` and the
+/// ids' `Display` it cost about as much as the rest of an unsampled request's tracing).
+fn header_for(cx: &SpanContext) -> HeaderValue {
+    fn hex(out: &mut Vec<u8>, bytes: &[u8]) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for b in bytes {
+            out.push(DIGITS[usize::from(b >> 4)]);
+            out.push(DIGITS[usize::from(b & 0x0f)]);
+        }
+    }
+    let mut v = Vec::with_capacity(55);
+    v.extend_from_slice(b"00-");
+    hex(&mut v, &cx.trace_id().to_bytes());
+    v.push(b'-');
+    hex(&mut v, &cx.span_id().to_bytes());
+    v.push(b'-');
+    hex(&mut v, &[cx.trace_flags().to_u8()]);
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(v))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// A request's trace: its server span and what child spans need, or, for a request that is
+/// not sampled, only its ids. Cloning is cheap and shares the span (an aggregated endpoint's
+/// concurrent parts each hold a clone); only the pipeline's exit finishes it
+/// ([`Trace::finish`]). A request dropped before its exit ends the span unfinished when the
+/// last clone goes.
 #[derive(Clone)]
-pub struct Trace(Arc<TraceInner>);
+pub struct Trace(Kept);
+
+#[derive(Clone)]
+enum Kept {
+    Sampled(Arc<TraceInner>),
+    /// Not sampled: the trace id (the client's, or a new one) and its flags.
+    Quiet(TraceId, TraceFlags),
+}
 
 struct TraceInner {
     tracer: SdkTracer,
@@ -190,36 +226,57 @@ pub struct Finish<'a> {
 }
 
 impl Trace {
-    fn start(tracer: &SdkTracer, traceparent: Option<&HeaderValue>) -> Trace {
+    fn start(inner: &Inner, traceparent: Option<&HeaderValue>) -> Trace {
+        let ids = RandomIdGenerator::default();
         let parent_cx = match traceparent.and_then(parent) {
+            Some(remote) if !remote.is_sampled() => {
+                return Trace(Kept::Quiet(remote.trace_id(), remote.trace_flags()));
+            }
             Some(remote) => Context::new().with_remote_span_context(remote),
+            None if !keep(
+                inner.ratio,
+                u64::from_be_bytes(ids.new_span_id().to_bytes()),
+            ) =>
+            {
+                return Trace(Kept::Quiet(ids.new_trace_id(), TraceFlags::default()));
+            }
             None => Context::new(),
         };
+        let tracer = &inner.tracer;
         let span = tracer
             .span_builder("mcp")
             .with_kind(SpanKind::Server)
             .start_with_context(tracer, &parent_cx);
-        Trace(Arc::new(TraceInner {
+        Trace(Kept::Sampled(Arc::new(TraceInner {
             tracer: tracer.clone(),
             cx: parent_cx.with_span(span),
             bridged: AtomicBool::new(false),
-        }))
-    }
-
-    /// The request span's trace and span ids.
-    pub fn span_context(&self) -> SpanContext {
-        self.0.cx.span().span_context().clone()
+        })))
     }
 
     /// Notes that the request (or a part of it) was translated for an initialize-era backend.
     pub fn bridged(&self) {
-        self.0.bridged.store(true, Ordering::Relaxed);
+        if let Kept::Sampled(t) = &self.0 {
+            t.bridged.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Starts a client span for one upstream attempt: `kind` is `pass_through`, `message` or
     /// `bridge`; `attempt` counts from 1 within the step's retry loop.
     pub fn attempt(&self, backend: &str, kind: &'static str, attempt: u32) -> Attempt {
-        let t = &self.0.tracer;
+        let t = match &self.0 {
+            Kept::Sampled(t) => t,
+            Kept::Quiet(trace_id, flags) => {
+                return Attempt(Child::Ids(SpanContext::new(
+                    *trace_id,
+                    RandomIdGenerator::default().new_span_id(),
+                    *flags,
+                    false,
+                    TraceState::default(),
+                )));
+            }
+        };
+        let (cx, t) = (&t.cx, &t.tracer);
         let span = t
             .span_builder(format!("upstream {kind}"))
             .with_kind(SpanKind::Client)
@@ -228,14 +285,17 @@ impl Trace {
                 KeyValue::new("portico.upstream", kind),
                 KeyValue::new("portico.attempt", i64::from(attempt)),
             ])
-            .start_with_context(t, &self.0.cx);
-        Attempt(Box::new(span))
+            .start_with_context(t, cx);
+        Attempt(Child::Span(Box::new(span)))
     }
 
     /// Ends the request span with what the request became. Called by the pipeline's single
     /// exit, once.
     pub fn finish(&self, f: &Finish<'_>) {
-        let span = self.0.cx.span();
+        let Kept::Sampled(t) = &self.0 else {
+            return;
+        };
+        let span = t.cx.span();
         if !span.is_recording() {
             span.end();
             return;
@@ -247,7 +307,7 @@ impl Trace {
         let mut attrs = vec![
             KeyValue::new("mcp.method.name", f.method.to_string()),
             KeyValue::new("http.response.status_code", i64::from(f.status)),
-            KeyValue::new("portico.bridged", self.0.bridged.load(Ordering::Relaxed)),
+            KeyValue::new("portico.bridged", t.bridged.load(Ordering::Relaxed)),
             KeyValue::new("portico.passthrough", f.passthrough),
         ];
         let optional = [
@@ -273,34 +333,44 @@ impl Trace {
 }
 
 /// One upstream attempt's span; ended by [`Attempt::end`] (or unfinished on drop).
-pub struct Attempt(Box<Span>);
+pub struct Attempt(Child);
+
+/// A recorded attempt span, or only the ids of one that is not sampled.
+enum Child {
+    Span(Box<Span>),
+    Ids(SpanContext),
+}
 
 impl Attempt {
     /// The `traceparent` the upstream request carries: this span as the backend's parent.
     pub fn traceparent(&self) -> HeaderValue {
-        header_for(self.0.span_context())
+        header_for(match &self.0 {
+            Child::Span(span) => span.span_context(),
+            Child::Ids(cx) => cx,
+        })
     }
 
     /// Ends the span: the backend's HTTP status when it answered (`None` for transports
     /// without one), or portico's reason word for the failure.
-    pub fn end(mut self, outcome: Result<Option<u16>, &str>) {
+    pub fn end(self, outcome: Result<Option<u16>, &str>) {
+        let Child::Span(mut span) = self.0 else {
+            return;
+        };
         match outcome {
             Ok(status) => {
                 if let Some(s) = status {
-                    self.0
-                        .set_attribute(KeyValue::new("http.response.status_code", i64::from(s)));
+                    span.set_attribute(KeyValue::new("http.response.status_code", i64::from(s)));
                     if s >= 500 {
-                        self.0.set_status(Status::error(""));
+                        span.set_status(Status::error(""));
                     }
                 }
             }
             Err(reason) => {
-                self.0
-                    .set_attribute(KeyValue::new("error.type", reason.to_string()));
-                self.0.set_status(Status::error(reason.to_string()));
+                span.set_attribute(KeyValue::new("error.type", reason.to_string()));
+                span.set_status(Status::error(reason.to_string()));
             }
         }
-        self.0.end();
+        span.end();
     }
 }
 
@@ -344,6 +414,63 @@ mod tests {
         ] {
             assert!(parent(&HeaderValue::from_static(bad)).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_ratio_keeps_its_share_of_draws() {
+        assert!(!keep(0.0, 0) && !keep(0.0, u64::MAX));
+        assert!(keep(1.0, 0) && keep(1.0, u64::MAX));
+        assert!(keep(0.5, 0) && keep(0.5, u64::MAX / 2 - 4096));
+        assert!(!keep(0.5, u64::MAX / 2 + 4096) && !keep(0.5, u64::MAX));
+        // Draws spread evenly (the middle of each thousandth): the share kept is the ratio.
+        let kept = (0..1000u64)
+            .filter(|i| keep(0.01, i * (u64::MAX / 1000) + u64::MAX / 2000))
+            .count();
+        assert_eq!(kept, 10);
+    }
+
+    #[test]
+    fn an_unsampled_request_is_only_ids() {
+        let cfg = TracingConfig {
+            otlp_endpoint: Some("http://127.0.0.1:9/v1/traces".into()),
+            sampling_ratio: 0.0,
+            ..TracingConfig::default()
+        };
+        let t = Telemetry::new(&cfg).expect("exporter");
+        let fields = |tp: &HeaderValue| -> Vec<String> {
+            tp.to_str()
+                .unwrap()
+                .split('-')
+                .map(str::to_string)
+                .collect()
+        };
+        // Starting here at ratio 0, and a client's unsampled trace: no span, fresh span ids
+        // in the request's trace, flag 00.
+        for tp in [None, Some(TP.replace("-01", "-00"))] {
+            let hv = tp.as_deref().map(HeaderValue::from_str).map(Result::unwrap);
+            let trace = t.request(hv.as_ref()).expect("tracing on");
+            assert!(matches!(trace.0, Kept::Quiet(..)));
+            let (a, b) = (
+                trace.attempt("b", "pass_through", 1),
+                trace.attempt("b", "message", 2),
+            );
+            let (a, b) = (fields(&a.traceparent()), fields(&b.traceparent()));
+            assert_eq!((a[0].as_str(), a[3].as_str()), ("00", "00"), "{a:?}");
+            assert_eq!(a[1], b[1], "one trace");
+            assert_ne!(a[2], b[2], "a span id per attempt");
+            if tp.is_some() {
+                assert_eq!(a[1], "4bf92f3577b34da6a3ce929d0e0e4736");
+                assert_ne!(a[2], "00f067aa0ba902b7");
+            }
+        }
+        // A client's sampled trace is recorded whatever the ratio.
+        let trace = t.request(Some(&HeaderValue::from_static(TP))).expect("on");
+        assert!(matches!(trace.0, Kept::Sampled(..)));
+        let a = fields(&trace.attempt("b", "pass_through", 1).traceparent());
+        assert_eq!(
+            (a[1].as_str(), a[3].as_str()),
+            ("4bf92f3577b34da6a3ce929d0e0e4736", "01")
+        );
     }
 
     #[test]
