@@ -132,10 +132,9 @@ impl Backend {
     /// list) paid two full parses of it; a comparison of the text from `"result"` on (the id,
     /// written before it, does not count) costs a `memcmp`.
     pub fn learn_tools_list(&self, answer: &Bytes) {
-        let from = answer
-            .windows(8)
-            .position(|w| w == b"\"result\"")
-            .unwrap_or(0);
+        static RESULT: crate::protocol::Needle =
+            crate::protocol::Needle::new(|| memchr::memmem::Finder::new(b"\"result\""));
+        let from = RESULT.find(answer).unwrap_or(0);
         let result = answer.slice(from..);
         {
             let mut seen = self

@@ -592,7 +592,12 @@ impl Needle {
 
     /// Whether the needle occurs in `hay`.
     pub fn is_in(&self, hay: &[u8]) -> bool {
-        self.0.find(hay).is_some()
+        self.find(hay).is_some()
+    }
+
+    /// Where the needle first occurs in `hay`.
+    pub fn find(&self, hay: &[u8]) -> Option<usize> {
+        self.0.find(hay)
     }
 }
 
