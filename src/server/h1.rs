@@ -130,7 +130,7 @@ pub async fn serve(
     let draining = stop.clone();
     let mut stopped = pin!(stop.wait_for(|s| *s));
     loop {
-        let head = match c.read_head(stopped.as_mut()).await {
+        let mut head = match c.read_head(stopped.as_mut()).await {
             Ok(head) => head,
             Err(Stop::Close) => return Outcome::Done,
             Err(Stop::Handoff) => return Outcome::Handoff(c.io, c.rbuf.freeze()),
@@ -144,6 +144,10 @@ pub async fn serve(
         // (413), and the connection closes since the body's bytes are still on the way.
         let body = if head.content_length > limits.max_body as u64 {
             keep_alive = false;
+            // The length is left out of the map (`header_name`); the refusal reads it.
+            head.parts
+                .headers
+                .insert(header::CONTENT_LENGTH, head.content_length.into());
             Bytes::new()
         } else {
             match c.read_body(head.content_length as usize).await {
@@ -538,7 +542,13 @@ enum Step {
 }
 
 /// Request headers left out of the map (see `header_name`).
-pub(crate) const LEFT_OUT: [&str; 4] = ["host", "user-agent", "connection", "accept-encoding"];
+pub(crate) const LEFT_OUT: [&str; 5] = [
+    "host",
+    "user-agent",
+    "connection",
+    "accept-encoding",
+    "content-length",
+];
 
 /// A header name; the MCP names every request carries come from static strings, since a
 /// name `http` does not know costs an allocation when parsed.
@@ -563,9 +573,11 @@ fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
     }
     // The names every client sends, found by length first: cheaper than the general parser,
     // which lowercases into a scratch buffer before it looks a name up. `Host`, `User-Agent`,
-    // `Connection` and `Accept-Encoding` are left out of the map: nothing reads them past this
-    // parser (which judged `Connection` above), and none is forwarded (`frontend::forwardable`),
-    // so each would cost an insert, a hash and a drop per request for nothing.
+    // `Connection`, `Accept-Encoding` and `Content-Length` are left out of the map: nothing
+    // reads them past this parser (which judged `Connection` and took the length above), and
+    // none is forwarded (`frontend::forwardable`), so each would cost an insert, a hash and a
+    // drop per request for nothing. (A length over the limit is put back by `serve`, for the
+    // pipeline's 413.)
     let is = |n: &[u8]| name_is(raw, n);
     let known = match raw.len() {
         4 if is(b"host") => return Ok(None),
@@ -573,7 +585,7 @@ fn header_name(raw: &[u8]) -> Result<Option<HeaderName>, ()> {
         10 if is(b"user-agent") || is(b"connection") => return Ok(None),
         12 if is(b"content-type") => Some(header::CONTENT_TYPE),
         13 if is(b"authorization") => Some(header::AUTHORIZATION),
-        14 if is(b"content-length") => Some(header::CONTENT_LENGTH),
+        14 if is(b"content-length") => return Ok(None),
         15 if is(b"accept-encoding") => return Ok(None),
         _ => None,
     };
