@@ -515,6 +515,13 @@ async fn a_clients_cancel_reaches_only_its_own_call_on_a_shared_stdio_child() {
                 .await
             })
         };
+        // Both principals' sessions are opened first (the child started, each initialized), so
+        // the calls below are on the pipe well within the pause even on a loaded machine; a
+        // cancel sent before its call was written would have nothing to cancel.
+        for key in [ALICE, BOB] {
+            let r = tool(&url, Some(key), json!(4), "cancelled_ids", json!({})).await;
+            assert!(r.result()["result"].is_object(), "{mode}: {:?}", r.body);
+        }
         let a = spawn(ALICE, "alice", 5000);
         let b = spawn(BOB, "bob", 1500);
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -38,6 +38,13 @@ async fn call(url: &str, id: u64, tool: &str, args: Value) -> Resp {
 async fn walk(backend: &str, uri: &str, what: &str) {
     let gw = Gateway::start(&config(backend)).await;
     let url = gw.url("/mcp/b");
+    // The server started and its session opened before the listen: a stdio child (node,
+    // Python) can take longer than the short `timeout_ms` to start on a loaded machine, and the
+    // listen is what this test is about.
+    until("the backend to answer tools/list", || async {
+        mcp(&url, json!(0), "tools/list", json!({})).await.status == 200
+    })
+    .await;
     let filter = json!({"toolsListChanged": true, "resourceSubscriptions": [uri]});
     let (status, mut l) = Listen::open(&url, json!("I1"), filter).await;
     assert_eq!(status, 200, "{what}");
