@@ -226,59 +226,6 @@ pub enum EnvelopeError {
     Invalid(String, Option<RequestId>),
 }
 
-#[derive(Deserialize)]
-struct RawMessage<'a> {
-    #[serde(borrow)]
-    jsonrpc: Option<Cow<'a, str>>,
-    /// `Some("null")` when the id is present but null (serde would fold that into `None`).
-    #[serde(default, borrow, deserialize_with = "present")]
-    id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    method: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    params: Option<&'a RawValue>,
-    #[serde(borrow)]
-    result: Option<&'a RawValue>,
-    #[serde(borrow)]
-    error: Option<&'a RawValue>,
-}
-
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(d).map(Some)
-}
-
-#[derive(Deserialize)]
-struct RawParams<'a> {
-    #[serde(borrow)]
-    name: Option<&'a RawValue>,
-    #[serde(borrow)]
-    uri: Option<&'a RawValue>,
-    #[serde(borrow, rename = "taskId")]
-    task_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    cursor: Option<&'a RawValue>,
-    #[serde(borrow, rename = "_meta")]
-    meta: Option<&'a RawValue>,
-    #[serde(borrow, rename = "inputResponses")]
-    input_responses: Option<&'a RawValue>,
-    #[serde(borrow, rename = "requestState")]
-    request_state: Option<&'a RawValue>,
-    #[serde(borrow, rename = "protocolVersion")]
-    protocol_version: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct RawMeta<'a> {
-    #[serde(borrow, rename = "io.modelcontextprotocol/protocolVersion")]
-    protocol_version: Option<&'a RawValue>,
-    #[serde(borrow, rename = "io.modelcontextprotocol/clientCapabilities")]
-    client_capabilities: Option<&'a RawValue>,
-    #[serde(borrow, rename = "io.modelcontextprotocol/clientInfo")]
-    client_info: Option<&'a RawValue>,
-    #[serde(borrow, rename = "progressToken")]
-    progress_token: Option<&'a RawValue>,
-}
-
 // === Forward what you judged: member-name audit ===
 //
 // portico decides on what its strict, case-sensitive parser reads; a backend may read the same
@@ -290,7 +237,7 @@ struct RawMeta<'a> {
 // "Security model").
 
 /// Protocol members of a message's top level.
-const TOP_MEMBERS: &[&str] = &["jsonrpc", "id", "method", "params", "result", "error"];
+const TOP_MEMBERS: &[&str; 6] = &["jsonrpc", "id", "method", "params", "result", "error"];
 /// Protocol members of `params` that portico (or a backend) reads.
 const PARAMS_MEMBERS: &[&str] = &[
     "name",
@@ -322,6 +269,24 @@ const KEYED_META: &[&str] = &[
     meta::LOG_LEVEL,
     "progressToken",
 ];
+/// The `params` members an envelope reads, in the order `parse_envelope` takes them apart.
+const WANTED_PARAMS: &[&str; 8] = &[
+    "name",
+    "uri",
+    "taskId",
+    "cursor",
+    "_meta",
+    "inputResponses",
+    "requestState",
+    "protocolVersion",
+];
+/// The `_meta` members an envelope reads.
+const WANTED_META: &[&str; 4] = &[
+    meta::PROTOCOL_VERSION,
+    meta::CLIENT_CAPABILITIES,
+    meta::CLIENT_INFO,
+    "progressToken",
+];
 /// Protocol members of `_meta`.
 const META_MEMBERS: &[&str] = &[
     meta::PROTOCOL_VERSION,
@@ -340,13 +305,34 @@ fn fold(name: &str) -> String {
         .collect()
 }
 
-/// Checks the member names of one JSON object (see the comment above). Also tells whether the
-/// object has a member outside `plain` (which the cache needs to know: such a member may shape
-/// the answer).
-pub fn audit_members(object: &str, members: &[&str], plain: &[&str]) -> Result<bool, String> {
-    struct Audit<'m>(&'m [&'m str], &'m [&'m str]);
-    impl<'de> serde::de::Visitor<'de> for Audit<'_> {
-        type Value = Result<bool, String>;
+/// One JSON object read in a single pass: the member audit (see the comment above), whether it
+/// has a member outside `plain` (which the cache needs to know: such a member may shape the
+/// answer), and the raw values of the members named in `wanted`, borrowed from the text.
+/// Reading and auditing in one pass matters on the paths that read every request's envelope
+/// (the bridge, `verify_body`): two passes per level cost ~9 k instructions of a bridged
+/// `tools/call`'s ~76 k (callgrind, issue #23 item 2).
+struct Object<'de, const N: usize> {
+    beyond: bool,
+    /// `None` for a member that is absent; a `null` is kept (see [`non_null`]).
+    values: [Option<&'de RawValue>; N],
+}
+
+/// Reads the object at `de`'s position: `Err` when it is not JSON or not an object, `Ok(Err)`
+/// with the audit's words when a member name is refused. The whole object is read either way, so
+/// broken JSON after a refused name is still a parse error.
+fn read_object<'de, const N: usize>(
+    de: &mut serde_json::Deserializer<serde_json::de::StrRead<'de>>,
+    members: &[&str],
+    plain: &[&str],
+    wanted: &[&str; N],
+) -> Result<Result<Object<'de, N>, String>, serde_json::Error> {
+    struct Read<'m, const N: usize> {
+        members: &'m [&'m str],
+        plain: &'m [&'m str],
+        wanted: &'m [&'m str; N],
+    }
+    impl<'de, const N: usize> serde::de::Visitor<'de> for Read<'_, N> {
+        type Value = Result<Object<'de, N>, String>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a JSON object")
         }
@@ -354,36 +340,76 @@ pub fn audit_members(object: &str, members: &[&str], plain: &[&str]) -> Result<b
             self,
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
-            let mut seen: Vec<Cow<'de, str>> = Vec::new();
-            let mut beyond = false;
-            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                beyond |= !self.1.contains(&key.as_ref());
-                map.next_value::<serde::de::IgnoredAny>()?;
+            let mut seen: Vec<crate::jsonrpc::Key<'de>> = Vec::new();
+            let mut refused: Option<String> = None;
+            let mut out = Object {
+                beyond: false,
+                values: [None; N],
+            };
+            while let Some(key) = map.next_key::<crate::jsonrpc::Key<'de>>()? {
+                out.beyond |= !self.plain.contains(&key.as_str());
+                match self.wanted.iter().position(|w| *w == key.as_str()) {
+                    Some(i) => {
+                        out.values[i] = Some(map.next_value::<&'de RawValue>()?);
+                    }
+                    None => {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                if refused.is_some() {
+                    continue;
+                }
                 if seen.contains(&key) {
-                    return Ok(Err(format!("member {key:?} appears twice")));
+                    refused = Some(format!("member {key:?} appears twice"));
+                    continue;
                 }
                 // ASCII names that are not members fold to nothing of interest unless they
                 // differ from a member only in case; the fold is computed only for those.
-                if !self.0.contains(&key.as_ref())
-                    && (!key.is_ascii() || self.0.iter().any(|m| m.eq_ignore_ascii_case(&key)))
+                if !self.members.contains(&key.as_str())
+                    && (!key.is_ascii()
+                        || self.members.iter().any(|m| m.eq_ignore_ascii_case(&key)))
                 {
                     let folded = fold(&key);
-                    if let Some(m) = self.0.iter().find(|m| fold(m) == folded) {
-                        return Ok(Err(format!(
+                    if let Some(m) = self.members.iter().find(|m| fold(m) == folded) {
+                        refused = Some(format!(
                             "member {key:?} differs from the protocol member {m:?} only in case"
-                        )));
+                        ));
+                        continue;
                     }
                 }
                 seen.push(key);
             }
-            Ok(Ok(beyond))
+            Ok(match refused {
+                Some(why) => Err(why),
+                None => Ok(out),
+            })
         }
     }
-    let mut de = serde_json::Deserializer::from_str(object);
-    match serde::Deserializer::deserialize_map(&mut de, Audit(members, plain)) {
-        Ok(r) => r,
-        Err(e) => Err(e.to_string()),
-    }
+    serde::Deserializer::deserialize_map(
+        de,
+        Read {
+            members,
+            plain,
+            wanted,
+        },
+    )
+}
+
+/// A member's value unless it is `null`, which the protocol reads as absent (except for `id`).
+fn non_null(v: Option<&RawValue>) -> Option<&RawValue> {
+    v.filter(|v| v.get() != "null")
+}
+
+/// [`read_object`] on a nested object's text (already checked to be JSON), its failures as
+/// words.
+fn read_nested<'de, const N: usize>(
+    text: &'de str,
+    members: &[&str],
+    plain: &[&str],
+    wanted: &[&str; N],
+) -> Result<Object<'de, N>, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    read_object(&mut de, members, plain, wanted).map_err(|e| e.to_string())?
 }
 
 /// First non-whitespace byte of a body; the cheapest batch and garbage detector.
@@ -413,15 +439,20 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
             };
         }
     }
-    let msg: RawMessage = match serde_json::from_slice(body) {
-        Ok(m) => m,
+    let text = std::str::from_utf8(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let top = read_object(&mut de, TOP_MEMBERS, TOP_MEMBERS, TOP_MEMBERS)
+        .and_then(|top| de.end().map(|()| top));
+    let top = match top {
+        Ok(top) => top.map_err(|e| EnvelopeError::Invalid(e, None))?,
         Err(e) if e.is_syntax() || e.is_eof() => return Err(EnvelopeError::Parse(e.to_string())),
         Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
     };
-    // Valid UTF-8 JSON by now (serde checked it), so the audits below read `str`s.
-    let text = std::str::from_utf8(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
-    audit_members(text, TOP_MEMBERS, TOP_MEMBERS).map_err(|e| EnvelopeError::Invalid(e, None))?;
-    let id = match msg.id {
+    let [jsonrpc, id, method, params, result, error] = top.values;
+    let [jsonrpc, method, params, result, error] =
+        [jsonrpc, method, params, result, error].map(non_null);
+    // A present but null id is kept as such, so that it is refused here.
+    let id = match id {
         None => None,
         Some(raw) => match RequestId::from_raw(raw) {
             Some(id) => Some(id),
@@ -434,17 +465,20 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         },
     };
     let invalid = |m: &str| EnvelopeError::Invalid(m.to_string(), id.clone());
-    if msg.jsonrpc.as_deref() != Some("2.0") {
+    if jsonrpc.and_then(raw_str).as_deref() != Some("2.0") {
         return Err(invalid("jsonrpc must be \"2.0\""));
     }
-    let Some(method) = msg.method else {
-        if msg.result.is_some() || msg.error.is_some() {
+    let Some(method) = method else {
+        if result.is_some() || error.is_some() {
             if id.is_none() {
                 return Err(invalid("a response needs an id"));
             }
             return Ok(Envelope::response(id));
         }
         return Err(invalid("missing method"));
+    };
+    let Some(method) = raw_str(method) else {
+        return Err(invalid("method must be a string"));
     };
     let kind = if id.is_some() {
         Kind::Request
@@ -467,50 +501,60 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         client_info: None,
         init_version: None,
     };
-    let Some(params) = msg.params else {
+    let Some(params) = params else {
         return Ok(env);
     };
     if first_byte(params.get().as_bytes()) != Some(b'{') {
-        if params.get() == "null" {
-            return Ok(env);
-        }
         return Err(EnvelopeError::Invalid(
             "params must be an object".into(),
             env.id,
         ));
     }
-    env.params_beyond_selector = audit_members(params.get(), PARAMS_MEMBERS, SELECTOR_PARAMS)
+    let p = read_nested(params.get(), PARAMS_MEMBERS, SELECTOR_PARAMS, WANTED_PARAMS)
         .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
-    let p: RawParams = serde_json::from_str(params.get())
-        .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
+    env.params_beyond_selector = p.beyond;
+    let [
+        name,
+        uri,
+        task_id,
+        cursor,
+        meta,
+        input_responses,
+        request_state,
+        protocol_version,
+    ] = p.values.map(non_null);
     if let Some(field) = name_field(&env.method) {
         let raw = match field {
-            "name" => p.name,
-            "uri" => p.uri,
-            _ => p.task_id,
+            "name" => name,
+            "uri" => uri,
+            _ => task_id,
         };
         env.name = raw.and_then(json_string);
     }
-    env.cursor = p.cursor.map(|c| c.get().to_string());
-    env.is_retry = p.input_responses.is_some() || p.request_state.is_some();
+    env.cursor = cursor.map(|c| c.get().to_string());
+    env.is_retry = input_responses.is_some() || request_state.is_some();
     if env.method == "initialize" {
-        env.init_version = p.protocol_version.and_then(json_string);
+        env.init_version = protocol_version.and_then(json_string);
     }
-    if let Some(meta) = p.meta
+    if let Some(meta) = meta
         && first_byte(meta.get().as_bytes()) == Some(b'{')
     {
         env.has_meta = true;
-        env.meta_beyond_keyed = audit_members(meta.get(), META_MEMBERS, KEYED_META)
+        let m = read_nested(meta.get(), META_MEMBERS, KEYED_META, WANTED_META)
             .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
-        let m: RawMeta = serde_json::from_str(meta.get())
-            .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
-        env.protocol_version = m.protocol_version.and_then(json_string);
-        env.client_capabilities = m
-            .client_capabilities
+        env.meta_beyond_keyed = m.beyond;
+        let [
+            protocol_version,
+            client_capabilities,
+            client_info,
+            progress_token,
+        ] = m.values.map(non_null);
+        env.protocol_version = protocol_version.and_then(json_string);
+        env.client_capabilities = client_capabilities
             .filter(|c| first_byte(c.get().as_bytes()) == Some(b'{'))
             .map(|c| c.get().to_string());
-        env.has_progress_token = m.progress_token.is_some_and(|t| t.get() != "null");
-        env.client_info = m.client_info.map(|c| c.get().to_string());
+        env.has_progress_token = progress_token.is_some();
+        env.client_info = client_info.map(|c| c.get().to_string());
     }
     Ok(env)
 }
@@ -537,7 +581,19 @@ impl Envelope {
 }
 
 fn json_string(raw: &RawValue) -> Option<String> {
-    serde_json::from_str::<String>(raw.get()).ok()
+    raw_str(raw).map(Cow::into_owned)
+}
+
+/// A raw JSON value as the string it is (`None`: not a string). Without escapes it is the text
+/// between the quotes, not copied.
+fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let t = raw.get();
+    let inner = t.strip_prefix('"')?.strip_suffix('"')?;
+    if inner.contains('\\') {
+        serde_json::from_str::<String>(t).ok().map(Cow::Owned)
+    } else {
+        Some(Cow::Borrowed(inner))
+    }
 }
 
 /// portico's own name and version, as `serverInfo`/`clientInfo` carry them.
