@@ -10,6 +10,7 @@
 #   BASE_BIN=... TARGETS="portico-legacy portico-legacy-base" benches/run.sh   # the bridge, before/after
 #   BASE_BIN=... TARGETS="nginx-list portico-agg portico-agg-base" benches/run.sh   # aggregation, before/after
 #   BASE_BIN=... TARGETS="nginx portico-trace001 portico-trace001-base" benches/run.sh   # tracing, before/after
+#   BASE_BIN=... TARGETS="nginx portico-verify portico-verify-base" benches/run.sh   # verify_body = "always", before/after
 #   TARGETS="direct nginx-tls portico-tls nginx-h2 portico-h2" benches/run.sh   # TLS: wrk (h1), h2load (h2)
 #                                       # before/after: the same pass-through config on another build
 #
@@ -27,7 +28,7 @@ DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
 DEFAULT_TARGETS="direct nginx portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-verify-base portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -64,7 +65,7 @@ source "$BENCHES/common.sh"
 # target -> which server answers it, and which MCP method the load sends.
 declare -A T_SERVER=(
     [direct]=b1 [direct-list]=b1 [nginx]=nginx [nginx-list]=nginx
-    [portico]=pass [portico-base]=base [portico-trace1]=trace1 [portico-trace001]=trace001 [portico-trace001-base]=trace001base [portico-list]=pass [portico-verify]=verify [portico-cache]=cache
+    [portico]=pass [portico-base]=base [portico-trace1]=trace1 [portico-trace001]=trace001 [portico-trace001-base]=trace001base [portico-list]=pass [portico-verify]=verify [portico-verify-base]=verifybase [portico-cache]=cache
     [portico-redis]=redis
     [portico-agg]=agg [portico-agg-cache]=aggc [portico-agg-base]=aggbase [portico-legacy]=legacy [portico-legacy-base]=legacybase
     [direct-py]=py [portico-py-cache]=pycache
@@ -75,7 +76,7 @@ declare -A T_SERVER=(
 )
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
-    [portico]=tools/call [portico-base]=tools/call [portico-trace1]=tools/call [portico-trace001]=tools/call [portico-trace001-base]=tools/call [portico-list]=tools/list [portico-verify]=tools/call
+    [portico]=tools/call [portico-base]=tools/call [portico-trace1]=tools/call [portico-trace001]=tools/call [portico-trace001-base]=tools/call [portico-list]=tools/list [portico-verify]=tools/call [portico-verify-base]=tools/call
     [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list [portico-agg-cache]=tools/list [portico-agg-base]=tools/list
     [portico-legacy]=tools/call [portico-legacy-base]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
@@ -85,7 +86,7 @@ declare -A T_METHOD=(
 )
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
-    [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-trace1]=/mcp/bench [portico-trace001]=/mcp/bench [portico-trace001-base]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench
+    [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-trace1]=/mcp/bench [portico-trace001]=/mcp/bench [portico-trace001-base]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench [portico-verify-base]=/mcp/bench
     [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp [portico-agg-cache]=/mcp [portico-agg-base]=/mcp
     [portico-legacy]=/mcp/legacy [portico-legacy-base]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
@@ -96,7 +97,7 @@ declare -A T_PATH=(
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
     [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-trace1]=b1 [portico-trace001]=b1 [portico-trace001-base]=b1 [portico-list]=b1
-    [portico-verify]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-agg-base]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
+    [portico-verify]=b1 [portico-verify-base]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-agg-base]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
     [direct-py]=py [portico-py-cache]=py
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
     [nginx-log]=b1 [portico-log]=b1
@@ -104,7 +105,7 @@ declare -A T_BACKEND=(
     [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1
 )
 # Every portico instance the script can start (one process per configuration).
-INSTANCES="pass base trace1 trace001 trace001base verify cache redis agg aggc aggbase legacy legacybase passh passp passlog tls h2 pycache"
+INSTANCES="pass base trace1 trace001 trace001base verify verifybase cache redis agg aggc aggbase legacy legacybase passh passp passlog tls h2 pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -151,7 +152,7 @@ fi
 [[ -x $PORTICO_BIN ]] || die "no portico binary at $PORTICO_BIN"
 [[ -x $BACKEND_BIN ]] || die "no bench backend binary at $BACKEND_BIN"
 if wants hb || wants passh; then [[ -x $HYPER_BIN ]] || die "no hyper backend binary at $HYPER_BIN"; fi
-if wants base || wants legacybase || wants aggbase || wants trace001base; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base, portico-legacy-base, portico-agg-base and portico-trace001-base need BASE_BIN=<another portico binary>"; fi
+if wants base || wants legacybase || wants aggbase || wants trace001base || wants verifybase; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base, portico-legacy-base, portico-agg-base, portico-trace001-base and portico-verify-base need BASE_BIN=<another portico binary>"; fi
 
 # ---------------------------------------------------------------- processes
 TMP=$(mktemp -d /tmp/portico-bench.XXXXXX) || die "mktemp failed"
@@ -233,14 +234,14 @@ EOF
     esac
     echo
     case $name in
-    pass | base | trace1 | trace001 | trace001base | verify | cache | redis | passlog | tls | h2)
+    pass | base | trace1 | trace001 | trace001base | verify | verifybase | cache | redis | passlog | tls | h2)
         cat <<EOF
 [[backends]]
 name = "bench"
 url = "http://127.0.0.1:${PORT[b1]}/mcp"
 protocol = "modern"
 EOF
-        [[ $name == verify ]] && echo 'verify_body = "always"'
+        [[ $name == verify || $name == verifybase ]] && echo 'verify_body = "always"'
         ;;
     agg | aggc | aggbase)
         local b
@@ -279,7 +280,7 @@ EOF
 
 start_portico() { # instance name
     local name=$1 conf=$TMP/portico-$1.toml bin=$PORTICO_BIN
-    [[ $name == base || $name == legacybase || $name == aggbase || $name == trace001base ]] && bin=$BASE_BIN
+    [[ $name == base || $name == legacybase || $name == aggbase || $name == trace001base || $name == verifybase ]] && bin=$BASE_BIN
     pick_port; PORT[$name]=$FREE_PORT
     portico_conf "$name" "$FREE_PORT" >"$conf"
     if ! "$bin" --check --config "$conf" >"$TMP/$name.check" 2>&1; then
@@ -789,6 +790,7 @@ inst_desc() {
     trace001) echo "portico-trace001 (pass-through, [tracing] sampling 0.01)" ;;
     trace001base) echo "portico-trace001-base ([tracing] sampling 0.01, BASE_BIN)" ;;
     verify) echo "portico-verify (verify_body = always)" ;;
+    verifybase) echo "portico-verify-base (verify_body = always, BASE_BIN)" ;;
     cache) echo "portico-cache ([cache] enabled)" ;;
     redis) echo "portico-redis ([cache] redis_url, local = false)" ;;
     agg) echo "portico-agg (3 backends, one endpoint)" ;;

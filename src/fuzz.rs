@@ -67,6 +67,7 @@ pub fn front_end(data: &[u8]) {
         }
     }
     let _ = protocol::sniff_id(body);
+    members_as_serde(body);
     let _ = protocol::decode_header_value(body);
     if let Some(token) = headers
         .get(http::header::AUTHORIZATION)
@@ -75,6 +76,27 @@ pub fn front_end(data: &[u8]) {
         let _ = jwt_auth().check_jwt(token);
     }
     let _ = crate::auth::parse_jwks(body);
+}
+
+/// `jsonrpc::parse_members` is our own scanner standing in for serde_json: it must accept
+/// exactly the objects serde accepts and split them into the same names and value texts.
+fn members_as_serde(text: &[u8]) {
+    let Ok(text) = std::str::from_utf8(text) else {
+        return;
+    };
+    let split = |m: crate::jsonrpc::Members| {
+        m.0.into_iter()
+            .map(|(k, v)| (k.0.into_owned(), v.get().to_owned()))
+            .collect::<Vec<_>>()
+    };
+    let ours = crate::jsonrpc::parse_members(text).map(split);
+    let serde = serde_json::from_str::<crate::jsonrpc::Members>(text)
+        .ok()
+        .map(split);
+    assert_eq!(
+        ours, serde,
+        "parse_members and serde_json disagree on {text:?}"
+    );
 }
 
 /// An `Auth` in JWT mode with one HS256 key, for the token parser.
@@ -132,6 +154,7 @@ pub fn upstream_answer(data: &[u8]) {
     }
     messages.push(Bytes::copy_from_slice(rest));
     for m in &messages {
+        members_as_serde(m);
         let _ = protocol::parse_envelope(m);
         let _ = crate::protocol::is_response(m);
         for method in ["tools/list", "resources/read", "server/discover"] {
@@ -982,6 +1005,8 @@ mod tests {
         b"\x00{\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32002,\"message\":\"gone\"}}",
         // A 2026-07-28 request as the bridge sends it up.
         b"\x00{\"jsonrpc\":\"2.0\",\"id\":\"c\",\"method\":\"tools/call\",\"params\":{\"name\":\"t\",\"arguments\":{\"a\":[1e3]},\"_meta\":{\"progressToken\":3,\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\"}}}",
+        // Every kind of JSON value, escapes and whitespace, for the members scanner.
+        b"\x00{ \"a\" :\t[ -0.5e+3 , 0 , 12E-2, true , false, null , \"\\u00e9\\n\\\"/\\/\" , { \"b\" : { } , \"c\":[[]] } ] ,\r\n\"c\\u0041\":\"x\" , \"\":{}}\n",
     ];
 
     /// xorshift64*: deterministic, no dependency.

@@ -41,6 +41,11 @@ pub struct RequestId(Box<str>);
 impl RequestId {
     /// Validates raw JSON as an MCP id: a string, or an integer number.
     pub fn from_raw(raw: &RawValue) -> Option<RequestId> {
+        RequestId::of(Raw::from(raw))
+    }
+
+    /// [`RequestId::from_raw`] for a member's value read by [`parse_members`].
+    pub fn of(raw: Raw<'_>) -> Option<RequestId> {
         let text = raw.get();
         let valid = match text.as_bytes().first() {
             Some(b'"') => true,
@@ -159,10 +164,29 @@ impl PartialEq<&str> for Key<'_> {
     }
 }
 
+/// One JSON value's text, known to be valid JSON: what serde's `&RawValue` is, but also made by
+/// [`parse_members`]'s scanner (a `&RawValue` can only come out of serde, which would read the
+/// text again). Only this module makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    /// The value's JSON text.
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'a> From<&'a RawValue> for Raw<'a> {
+    fn from(v: &'a RawValue) -> Raw<'a> {
+        Raw(v.get())
+    }
+}
+
 /// An object's members, in order, each value as its raw text: rewriting one member of an object
 /// never reformats the others (no float rounding, no key reordering, duplicates visible).
 #[derive(Debug)]
-pub struct Members<'a>(pub Vec<(Key<'a>, &'a RawValue)>);
+pub struct Members<'a>(pub Vec<(Key<'a>, Raw<'a>)>);
 
 impl<'de> Deserialize<'de> for Members<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -184,16 +208,253 @@ impl<'de> Members<'de> {
     /// The members of the object `map` is at (for a visitor that reads objects as members).
     pub fn read<A: MapAccess<'de>>(mut map: A) -> Result<Members<'de>, A::Error> {
         let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4).min(64));
-        while let Some(member) = map.next_entry::<Key<'de>, &'de RawValue>()? {
-            members.push(member);
+        while let Some((key, value)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+            members.push((key, Raw::from(value)));
         }
         Ok(Members(members))
     }
 }
 
 /// `json`'s members when it is an object; `None` for anything else or invalid JSON.
+///
+/// Our own scanner, not serde: every bridged message and every checked (`verify_body`) body is
+/// taken apart here level by level, and serde's `&RawValue` capture costs ~40 instructions a
+/// byte through its visitor machinery (callgrind, bridged `tools/call`; README "Crates, and what
+/// portico writes itself" has the figures). It accepts exactly what serde_json accepts (checked
+/// against it in the tests and the fuzz harness): RFC 8259 with serde's leniency kept — a
+/// `\u` escape inside a value is not checked for surrogate pairs, a member name's is; nesting
+/// is not limited inside a value (serde skips values without recursion either); names are
+/// unescaped as serde unescapes them.
 pub fn parse_members(json: &str) -> Option<Members<'_>> {
-    serde_json::from_str(json).ok()
+    let b = json.as_bytes();
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    let mut members = Vec::with_capacity(8);
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        i += 1;
+    } else {
+        loop {
+            if b.get(i) != Some(&b'"') {
+                return None;
+            }
+            let (end, escaped) = skip_string(b, i)?;
+            let key = key_text(json, i, end, escaped)?;
+            i = skip_ws(b, end);
+            if b.get(i) != Some(&b':') {
+                return None;
+            }
+            let start = skip_ws(b, i + 1);
+            i = skip_value(b, start)?;
+            members.push((key, Raw(json.get(start..i)?)));
+            i = skip_ws(b, i);
+            match b.get(i) {
+                Some(b',') => i = skip_ws(b, i + 1),
+                Some(b'}') => {
+                    i += 1;
+                    break;
+                }
+                _ => return None,
+            }
+        }
+    }
+    (skip_ws(b, i) == b.len()).then_some(Members(members))
+}
+
+/// JSON's four whitespace bytes.
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\t' | b'\r') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// A member name (the string at `start..end`, quotes included), unescaped.
+fn key_text(json: &str, start: usize, end: usize, escaped: bool) -> Option<Key<'_>> {
+    let quoted = json.get(start..end)?;
+    if !escaped {
+        return quoted
+            .get(1..quoted.len() - 1)
+            .map(|k| Key(Cow::Borrowed(k)));
+    }
+    // Rare: serde unescapes it, so names compare exactly as they did (and a lone surrogate in
+    // a name is refused as serde refuses it).
+    serde_json::from_str::<String>(quoted)
+        .ok()
+        .map(|k| Key(Cow::Owned(k)))
+}
+
+/// The end of the string whose opening quote is at `i` (no control characters, valid escapes),
+/// and whether it holds an escape. (`b` is a `str`'s bytes, so the text is valid UTF-8 already.)
+fn skip_string(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = u64::from_le_bytes([0x80; 8]);
+    /// The high bit of each byte of `x` below `n` (n ≤ 128), exact up to the first such byte
+    /// ("Bit Twiddling Hacks", hasless): its lowest set bit marks the first one.
+    const fn less(x: u64, n: u8) -> u64 {
+        x.wrapping_sub(ONES * n as u64) & !x & HIGH
+    }
+    let mut escaped = false;
+    i += 1;
+    loop {
+        // Eight bytes at a time up to a quote, a backslash or a control character: member names
+        // and the protocol's long `_meta` keys are where a scan spends its time.
+        while let Some(chunk) = b.get(i..i + 8) {
+            let mut word = [0; 8];
+            word.copy_from_slice(chunk);
+            let x = u64::from_le_bytes(word);
+            let special = less(x ^ (ONES * u64::from(b'"')), 1)
+                | less(x ^ (ONES * u64::from(b'\\')), 1)
+                | less(x, 0x20);
+            if special != 0 {
+                i += (special.trailing_zeros() / 8) as usize;
+                break;
+            }
+            i += 8;
+        }
+        match *b.get(i)? {
+            b'"' => return Some((i + 1, escaped)),
+            b'\\' => {
+                escaped = true;
+                match *b.get(i + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i += 2,
+                    b'u' if b.get(i + 2..i + 6)?.iter().all(u8::is_ascii_hexdigit) => i += 6,
+                    _ => return None,
+                }
+            }
+            c if c < 0x20 => return None,
+            _ => i += 1,
+        }
+    }
+}
+
+/// The end of the number at `i`: `-? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)?`.
+fn skip_number(b: &[u8], mut i: usize) -> Option<usize> {
+    let digits = |mut i: usize| {
+        let from = i;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        (i > from).then_some(i)
+    };
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    i = match b.get(i)? {
+        b'0' => i + 1,
+        b'1'..=b'9' => digits(i)?,
+        _ => return None,
+    };
+    if b.get(i) == Some(&b'.') {
+        i = digits(i + 1)?;
+    }
+    if let Some(b'e' | b'E') = b.get(i) {
+        i += 1;
+        if let Some(b'+' | b'-') = b.get(i) {
+            i += 1;
+        }
+        i = digits(i)?;
+    }
+    // A leading zero stands alone (`01` is two tokens, which the caller then refuses).
+    Some(i)
+}
+
+/// The containers a value being skipped is inside, innermost last: their opening bytes, the
+/// first few inline (a message's values rarely nest deeper), the rest on the heap.
+struct Open {
+    inline: [u8; 16],
+    depth: usize,
+    spill: Vec<u8>,
+}
+
+impl Open {
+    fn push(&mut self, c: u8) {
+        match self.inline.get_mut(self.depth) {
+            Some(slot) => *slot = c,
+            None => self.spill.push(c),
+        }
+        self.depth += 1;
+    }
+    fn last(&self) -> Option<&u8> {
+        let top = self.depth.checked_sub(1)?;
+        self.inline.get(top).or_else(|| self.spill.last())
+    }
+    fn pop(&mut self) {
+        self.depth -= 1;
+        if self.depth >= self.inline.len() {
+            self.spill.pop();
+        }
+    }
+}
+
+/// The end of the JSON value at `i` (no leading whitespace). Containers are tracked on a stack of
+/// their opening bytes, so depth costs memory, not recursion.
+fn skip_value(b: &[u8], mut i: usize) -> Option<usize> {
+    let mut open = Open {
+        inline: [0; 16],
+        depth: 0,
+        spill: Vec::new(),
+    };
+    loop {
+        // A value.
+        i = match *b.get(i)? {
+            b'"' => skip_string(b, i)?.0,
+            b'-' | b'0'..=b'9' => skip_number(b, i)?,
+            b't' => literal(b, i, b"true")?,
+            b'f' => literal(b, i, b"false")?,
+            b'n' => literal(b, i, b"null")?,
+            c @ (b'{' | b'[') => {
+                let j = skip_ws(b, i + 1);
+                let close = if c == b'{' { b'}' } else { b']' };
+                if b.get(j) == Some(&close) {
+                    j + 1
+                } else {
+                    open.push(c);
+                    i = if c == b'{' { member_name(b, j)? } else { j };
+                    continue;
+                }
+            }
+            _ => return None,
+        };
+        // After a value: the end of the outermost one, or `,` / the container's close.
+        loop {
+            let Some(&c) = open.last() else {
+                return Some(i);
+            };
+            i = skip_ws(b, i);
+            match (*b.get(i)?, c) {
+                (b',', b'{') => {
+                    i = member_name(b, skip_ws(b, i + 1))?;
+                    break;
+                }
+                (b',', _) => {
+                    i = skip_ws(b, i + 1);
+                    break;
+                }
+                (b'}', b'{') | (b']', b'[') => {
+                    open.pop();
+                    i += 1;
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Past a member's name and its `:` at `i`: where its value starts.
+fn member_name(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let i = skip_ws(b, skip_string(b, i)?.0);
+    (b.get(i) == Some(&b':')).then(|| skip_ws(b, i + 1))
+}
+
+/// The end of the literal `word` at `i`.
+fn literal(b: &[u8], i: usize, word: &[u8]) -> Option<usize> {
+    b.get(i..)?.starts_with(word).then_some(i + word.len())
 }
 
 /// A JSON string, escaped as serde_json escapes, written straight into `out`.
@@ -214,6 +475,86 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `parse_members` against serde_json's reading of the same text (`Members`' `Deserialize`).
+    fn agree(text: &str) -> bool {
+        let split = |m: Members| {
+            m.0.into_iter()
+                .map(|(k, v)| (k.0.into_owned(), v.get().to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let ours = parse_members(text).map(split);
+        let serde = serde_json::from_str::<Members>(text).ok().map(split);
+        assert_eq!(ours, serde, "{text:?}");
+        ours.is_some()
+    }
+
+    #[test]
+    fn members_are_read_as_serde_reads_them() {
+        let valid = [
+            r#"{}"#,
+            " {\n\t\r} \n",
+            r#"{"a":1}"#,
+            r#"{"a":1,"a":2}"#,
+            r#"{ "a" : -0 , "b":0.5,"c":-12.25e+10,"d":1E3,"e":1e-0 }"#,
+            r#"{"s":"","t":"\"\\\/\b\f\n\r\t\u00E9\uD800","u":"é ✓"}"#,
+            r#"{"n\u0061me":"x","\u00e9":1,"q\"":2}"#,
+            r#"{"a":[],"b":[ ],"c":{ },"d":[1,[2,[3,{"e":[{}]}]]],"f":[true,false,null]}"#,
+            r#"{"":""}"#,
+        ];
+        for text in valid {
+            assert!(agree(text), "{text} must be read");
+        }
+        let invalid = [
+            "",
+            "[]",
+            "1",
+            r#""s""#,
+            "{",
+            "}",
+            "{,}",
+            r#"{"a"}"#,
+            r#"{"a":}"#,
+            r#"{"a":1,}"#,
+            r#"{"a":1 "b":2}"#,
+            r#"{a:1}"#,
+            r#"{"a":01}"#,
+            r#"{"a":-}"#,
+            r#"{"a":1.}"#,
+            r#"{"a":.5}"#,
+            r#"{"a":1e}"#,
+            r#"{"a":1e+}"#,
+            r#"{"a":+1}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":nulll}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a":[1 2]}"#,
+            r#"{"a":{"b"}}"#,
+            r#"{"a":{"b":1,}}"#,
+            r#"{"a":[}"#,
+            r#"{"a":{]}"#,
+            r#"{"a":"\x"}"#,
+            r#"{"a":"\u12"}"#,
+            r#"{"a":"\u12G4"}"#,
+            "{\"a\":\"tab\there\"}",
+            "{\"a\":\"nl\n\"}",
+            r#"{"\uD800":1}"#,
+            r#"{"a":1}x"#,
+            r#"{"a":1}{}"#,
+            "{\"a\":1}\u{a0}",
+            r#"{"a":"unterminated}"#,
+        ];
+        for text in invalid {
+            assert!(!agree(text), "{text} must be refused");
+        }
+        // Depth: serde skips a value without recursion, and so does the scanner.
+        for depth in [15, 16, 17, 200, 5000] {
+            let text = format!(r#"{{"a":{}1{}}}"#, "[".repeat(depth), "]".repeat(depth));
+            assert!(agree(&text), "depth {depth}");
+            let text = format!(r#"{{"a":{}1{}}}"#, "[".repeat(depth), "]".repeat(depth - 1));
+            assert!(!agree(&text), "unbalanced at depth {depth}");
+        }
+    }
 
     #[test]
     fn strings_are_written_as_serde_writes_them() {

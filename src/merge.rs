@@ -417,7 +417,7 @@ pub fn merge_list(
 /// Writes an item object from its raw members; with `rename`, every `key` member set to it.
 fn write_item(
     out: &mut Vec<u8>,
-    fields: &[(crate::jsonrpc::Key, &RawValue)],
+    fields: &[(crate::jsonrpc::Key, crate::jsonrpc::Raw)],
     key: &str,
     rename: Option<&String>,
 ) {

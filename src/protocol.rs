@@ -6,6 +6,7 @@
 
 use serde::Deserialize;
 
+use crate::jsonrpc::{Key, Members, Raw, parse_members};
 pub use crate::jsonrpc::{RequestId, code, error_body};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -314,89 +315,128 @@ fn fold(name: &str) -> String {
 struct Object<'de, const N: usize> {
     beyond: bool,
     /// `None` for a member that is absent; a `null` is kept (see [`non_null`]).
-    values: [Option<&'de RawValue>; N],
+    values: [Option<Raw<'de>>; N],
 }
 
-/// Reads the object at `de`'s position: `Err` when it is not JSON or not an object, `Ok(Err)`
-/// with the audit's words when a member name is refused. The whole object is read either way, so
-/// broken JSON after a refused name is still a parse error.
+/// What one object's members add up to, member by member ([`Object`]): the first refusal is
+/// kept, the rest of the object still read.
+struct Judge<'m, 'de, const N: usize> {
+    members: &'m [&'m str],
+    plain: &'m [&'m str],
+    wanted: &'m [&'m str; N],
+    seen: Vec<Key<'de>>,
+    refused: Option<String>,
+    out: Object<'de, N>,
+}
+
+impl<'m, 'de, const N: usize> Judge<'m, 'de, N> {
+    fn new(members: &'m [&'m str], plain: &'m [&'m str], wanted: &'m [&'m str; N]) -> Self {
+        Judge {
+            members,
+            plain,
+            wanted,
+            seen: Vec::new(),
+            refused: None,
+            out: Object {
+                beyond: false,
+                values: [None; N],
+            },
+        }
+    }
+
+    /// Is `key`'s value wanted (its slot in `values`)?
+    fn slot(&self, key: &str) -> Option<usize> {
+        self.wanted.iter().position(|w| *w == key)
+    }
+
+    /// One member; `value` is its text when [`Judge::slot`] wanted it.
+    fn member(&mut self, key: Key<'de>, slot: Option<usize>, value: Option<Raw<'de>>) {
+        self.out.beyond |= !self.plain.contains(&key.as_str());
+        if let Some(i) = slot {
+            self.out.values[i] = value;
+        }
+        if self.refused.is_some() {
+            return;
+        }
+        if self.seen.contains(&key) {
+            self.refused = Some(format!("member {key:?} appears twice"));
+            return;
+        }
+        // ASCII names that are not members fold to nothing of interest unless they differ
+        // from a member only in case; the fold is computed only for those.
+        if !self.members.contains(&key.as_str())
+            && (!key.is_ascii() || self.members.iter().any(|m| m.eq_ignore_ascii_case(&key)))
+        {
+            let folded = fold(&key);
+            if let Some(m) = self.members.iter().find(|m| fold(m) == folded) {
+                self.refused = Some(format!(
+                    "member {key:?} differs from the protocol member {m:?} only in case"
+                ));
+                return;
+            }
+        }
+        self.seen.push(key);
+    }
+
+    fn end(self) -> Result<Object<'de, N>, String> {
+        match self.refused {
+            Some(why) => Err(why),
+            None => Ok(self.out),
+        }
+    }
+}
+
+/// Reads the object that is all of `text`: `Err` when it is not JSON or not an object (serde's
+/// words), `Ok(Err)` with the audit's words when a member name is refused. The whole object is
+/// read either way, so broken JSON after a refused name is still a parse error. Valid objects
+/// are read by [`parse_members`]'s scanner; serde reads only what the scanner refused, for its
+/// error message.
 fn read_object<'de, const N: usize>(
-    de: &mut serde_json::Deserializer<serde_json::de::StrRead<'de>>,
+    text: &'de str,
     members: &[&str],
     plain: &[&str],
     wanted: &[&str; N],
 ) -> Result<Result<Object<'de, N>, String>, serde_json::Error> {
-    struct Read<'m, const N: usize> {
-        members: &'m [&'m str],
-        plain: &'m [&'m str],
-        wanted: &'m [&'m str; N],
+    let mut judge = Judge::new(members, plain, wanted);
+    if let Some(Members(fields)) = parse_members(text) {
+        for (key, value) in fields {
+            let slot = judge.slot(&key);
+            judge.member(key, slot, Some(value));
+        }
+        return Ok(judge.end());
     }
-    impl<'de, const N: usize> serde::de::Visitor<'de> for Read<'_, N> {
+    struct Read<'m, 'de, const N: usize>(Judge<'m, 'de, N>);
+    impl<'m, 'de, const N: usize> serde::de::Visitor<'de> for Read<'m, 'de, N> {
         type Value = Result<Object<'de, N>, String>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a JSON object")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
+            mut self,
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
-            let mut seen: Vec<crate::jsonrpc::Key<'de>> = Vec::new();
-            let mut refused: Option<String> = None;
-            let mut out = Object {
-                beyond: false,
-                values: [None; N],
-            };
-            while let Some(key) = map.next_key::<crate::jsonrpc::Key<'de>>()? {
-                out.beyond |= !self.plain.contains(&key.as_str());
-                match self.wanted.iter().position(|w| *w == key.as_str()) {
-                    Some(i) => {
-                        out.values[i] = Some(map.next_value::<&'de RawValue>()?);
-                    }
+            while let Some(key) = map.next_key::<Key<'de>>()? {
+                let slot = self.0.slot(&key);
+                let value = match slot {
+                    Some(_) => Some(Raw::from(map.next_value::<&'de RawValue>()?)),
                     None => {
                         map.next_value::<serde::de::IgnoredAny>()?;
+                        None
                     }
-                }
-                if refused.is_some() {
-                    continue;
-                }
-                if seen.contains(&key) {
-                    refused = Some(format!("member {key:?} appears twice"));
-                    continue;
-                }
-                // ASCII names that are not members fold to nothing of interest unless they
-                // differ from a member only in case; the fold is computed only for those.
-                if !self.members.contains(&key.as_str())
-                    && (!key.is_ascii()
-                        || self.members.iter().any(|m| m.eq_ignore_ascii_case(&key)))
-                {
-                    let folded = fold(&key);
-                    if let Some(m) = self.members.iter().find(|m| fold(m) == folded) {
-                        refused = Some(format!(
-                            "member {key:?} differs from the protocol member {m:?} only in case"
-                        ));
-                        continue;
-                    }
-                }
-                seen.push(key);
+                };
+                self.0.member(key, slot, value);
             }
-            Ok(match refused {
-                Some(why) => Err(why),
-                None => Ok(out),
-            })
+            Ok(self.0.end())
         }
     }
-    serde::Deserializer::deserialize_map(
-        de,
-        Read {
-            members,
-            plain,
-            wanted,
-        },
-    )
+    let mut de = serde_json::Deserializer::from_str(text);
+    let object = serde::Deserializer::deserialize_map(&mut de, Read(judge))?;
+    de.end()?;
+    Ok(object)
 }
 
 /// A member's value unless it is `null`, which the protocol reads as absent (except for `id`).
-fn non_null(v: Option<&RawValue>) -> Option<&RawValue> {
+fn non_null(v: Option<Raw<'_>>) -> Option<Raw<'_>> {
     v.filter(|v| v.get() != "null")
 }
 
@@ -408,8 +448,7 @@ fn read_nested<'de, const N: usize>(
     plain: &[&str],
     wanted: &[&str; N],
 ) -> Result<Object<'de, N>, String> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    read_object(&mut de, members, plain, wanted).map_err(|e| e.to_string())?
+    read_object(text, members, plain, wanted).map_err(|e| e.to_string())?
 }
 
 /// First non-whitespace byte of a body; the cheapest batch and garbage detector.
@@ -440,10 +479,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         }
     }
     let text = std::str::from_utf8(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
-    let mut de = serde_json::Deserializer::from_str(text);
-    let top = read_object(&mut de, TOP_MEMBERS, TOP_MEMBERS, TOP_MEMBERS)
-        .and_then(|top| de.end().map(|()| top));
-    let top = match top {
+    let top = match read_object(text, TOP_MEMBERS, TOP_MEMBERS, TOP_MEMBERS) {
         Ok(top) => top.map_err(|e| EnvelopeError::Invalid(e, None))?,
         Err(e) if e.is_syntax() || e.is_eof() => return Err(EnvelopeError::Parse(e.to_string())),
         Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
@@ -454,7 +490,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     // A present but null id is kept as such, so that it is refused here.
     let id = match id {
         None => None,
-        Some(raw) => match RequestId::from_raw(raw) {
+        Some(raw) => match RequestId::of(raw) {
             Some(id) => Some(id),
             None => {
                 return Err(EnvelopeError::Invalid(
@@ -580,13 +616,13 @@ impl Envelope {
     }
 }
 
-fn json_string(raw: &RawValue) -> Option<String> {
+fn json_string(raw: Raw<'_>) -> Option<String> {
     raw_str(raw).map(Cow::into_owned)
 }
 
 /// A raw JSON value as the string it is (`None`: not a string). Without escapes it is the text
 /// between the quotes, not copied.
-fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
+fn raw_str(raw: Raw<'_>) -> Option<Cow<'_, str>> {
     let t = raw.get();
     let inner = t.strip_prefix('"')?.strip_suffix('"')?;
     if inner.contains('\\') {

@@ -7,7 +7,6 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
-use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -310,7 +309,8 @@ fn meta_with_info(out: &mut Vec<u8>, raw: &str, info: &Value) {
 
 /// An error object, with the legacy resource-not-found code (`-32002`) made `-32602`.
 fn modern_error(out: &mut Vec<u8>, raw: &str) {
-    let legacy_code = |v: &RawValue| v.get().parse::<i64>() == Ok(code::LEGACY_RESOURCE_NOT_FOUND);
+    let legacy_code =
+        |v: &crate::jsonrpc::Raw| v.get().parse::<i64>() == Ok(code::LEGACY_RESOURCE_NOT_FOUND);
     match parse_members(raw) {
         Some(Members(fields))
             if fields

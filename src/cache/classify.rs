@@ -164,7 +164,7 @@ pub fn classify(method: &str, is_retry: bool, message: &[u8], max_ttl_ms: u64) -
 }
 
 /// `ttlMs` as whole milliseconds; 0 for anything that is not a positive finite number.
-fn ttl_from_raw(raw: &RawValue) -> u64 {
+fn ttl_from_raw(raw: crate::jsonrpc::Raw<'_>) -> u64 {
     match raw.get().parse::<f64>() {
         // `as` saturates, so a huge value becomes u64::MAX and the cap applies.
         Ok(v) if v.is_finite() && v > 0.0 => v.floor() as u64,
@@ -172,6 +172,6 @@ fn ttl_from_raw(raw: &RawValue) -> u64 {
     }
 }
 
-fn json_str(raw: &RawValue) -> Option<String> {
+fn json_str(raw: crate::jsonrpc::Raw<'_>) -> Option<String> {
     serde_json::from_str(raw.get()).ok()
 }
