@@ -370,8 +370,7 @@ async fn send_raw(
                 }
             }
             extra.extend_from_slice(team);
-            let req = up.request(&HeaderMap::new(), &extra, body);
-            up.call(req, deadline).await
+            up.post(&HeaderMap::new(), &extra, body, deadline).await
         }
         Upstream::Stdio(_) => {
             let Some(st) = stdio_of(b, s.child.as_ref()) else {

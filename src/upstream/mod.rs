@@ -293,8 +293,8 @@ impl Upstream {
     pub async fn call(&self, out: Outgoing<'_>) -> Result<Reply, UpstreamError> {
         match self {
             Upstream::Http(h) => {
-                let req = h.request(out.client_headers, &out.extra, out.body);
-                h.call(req, out.deadline).await
+                h.post(out.client_headers, &out.extra, out.body, out.deadline)
+                    .await
             }
             Upstream::Stdio(s) => s.call(out.body, out.deadline).await,
             Upstream::Builtin(d) => Ok(d.call(&out.body)),
