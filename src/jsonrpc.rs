@@ -263,6 +263,24 @@ pub fn parse_members(json: &str) -> Option<Members<'_>> {
     (skip_ws(b, i) == b.len()).then_some(Members(members))
 }
 
+/// Whether [`parse_members`] reads `text` as serde_json reads it (the same members, or both
+/// refusing); panics on a disagreement, naming the text. The unit tests' and the fuzz
+/// harness's check of the scanner. Returns whether the text was read.
+pub fn agrees_with_serde(text: &str) -> bool {
+    let split = |m: Members| {
+        m.0.into_iter()
+            .map(|(k, v)| (k.0.into_owned(), v.get().to_owned()))
+            .collect::<Vec<_>>()
+    };
+    let ours = parse_members(text).map(split);
+    let serde = serde_json::from_str::<Members>(text).ok().map(split);
+    assert_eq!(
+        ours, serde,
+        "parse_members and serde_json disagree on {text:?}"
+    );
+    ours.is_some()
+}
+
 /// JSON's four whitespace bytes.
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while let Some(b' ' | b'\n' | b'\t' | b'\r') = b.get(i) {
@@ -476,19 +494,6 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
 mod tests {
     use super::*;
 
-    /// `parse_members` against serde_json's reading of the same text (`Members`' `Deserialize`).
-    fn agree(text: &str) -> bool {
-        let split = |m: Members| {
-            m.0.into_iter()
-                .map(|(k, v)| (k.0.into_owned(), v.get().to_owned()))
-                .collect::<Vec<_>>()
-        };
-        let ours = parse_members(text).map(split);
-        let serde = serde_json::from_str::<Members>(text).ok().map(split);
-        assert_eq!(ours, serde, "{text:?}");
-        ours.is_some()
-    }
-
     #[test]
     fn members_are_read_as_serde_reads_them() {
         let valid = [
@@ -503,7 +508,7 @@ mod tests {
             r#"{"":""}"#,
         ];
         for text in valid {
-            assert!(agree(text), "{text} must be read");
+            assert!(agrees_with_serde(text), "{text} must be read");
         }
         let invalid = [
             "",
@@ -545,14 +550,14 @@ mod tests {
             r#"{"a":"unterminated}"#,
         ];
         for text in invalid {
-            assert!(!agree(text), "{text} must be refused");
+            assert!(!agrees_with_serde(text), "{text} must be refused");
         }
         // Depth: serde skips a value without recursion, and so does the scanner.
         for depth in [15, 16, 17, 200, 5000] {
             let text = format!(r#"{{"a":{}1{}}}"#, "[".repeat(depth), "]".repeat(depth));
-            assert!(agree(&text), "depth {depth}");
+            assert!(agrees_with_serde(&text), "depth {depth}");
             let text = format!(r#"{{"a":{}1{}}}"#, "[".repeat(depth), "]".repeat(depth - 1));
-            assert!(!agree(&text), "unbalanced at depth {depth}");
+            assert!(!agrees_with_serde(&text), "unbalanced at depth {depth}");
         }
     }
 

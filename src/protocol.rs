@@ -344,16 +344,11 @@ impl<'m, 'de, const N: usize> Judge<'m, 'de, N> {
         }
     }
 
-    /// Is `key`'s value wanted (its slot in `values`)?
-    fn slot(&self, key: &str) -> Option<usize> {
-        self.wanted.iter().position(|w| *w == key)
-    }
-
-    /// One member; `value` is its text when [`Judge::slot`] wanted it.
-    fn member(&mut self, key: Key<'de>, slot: Option<usize>, value: Option<Raw<'de>>) {
+    /// One member: its value kept when it is wanted, its name audited.
+    fn member(&mut self, key: Key<'de>, value: Raw<'de>) {
         self.out.beyond |= !self.plain.contains(&key.as_str());
-        if let Some(i) = slot {
-            self.out.values[i] = value;
+        if let Some(i) = self.wanted.iter().position(|w| *w == key.as_str()) {
+            self.out.values[i] = Some(value);
         }
         if self.refused.is_some() {
             return;
@@ -400,8 +395,7 @@ fn read_object<'de, const N: usize>(
     let mut judge = Judge::new(members, plain, wanted);
     if let Some(Members(fields)) = parse_members(text) {
         for (key, value) in fields {
-            let slot = judge.slot(&key);
-            judge.member(key, slot, Some(value));
+            judge.member(key, value);
         }
         return Ok(judge.end());
     }
@@ -415,16 +409,9 @@ fn read_object<'de, const N: usize>(
             mut self,
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
-            while let Some(key) = map.next_key::<Key<'de>>()? {
-                let slot = self.0.slot(&key);
-                let value = match slot {
-                    Some(_) => Some(Raw::from(map.next_value::<&'de RawValue>()?)),
-                    None => {
-                        map.next_value::<serde::de::IgnoredAny>()?;
-                        None
-                    }
-                };
-                self.0.member(key, slot, value);
+            // Only text the scanner refused comes here, so every value is simply captured.
+            while let Some((key, value)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
+                self.0.member(key, Raw::from(value));
             }
             Ok(self.0.end())
         }
