@@ -83,6 +83,7 @@ pub fn front_end(data: &[u8]) {
 fn members_as_serde(text: &[u8]) {
     if let Ok(text) = std::str::from_utf8(text) {
         crate::jsonrpc::agrees_with_serde(text);
+        protocol::levels_agree(text);
     }
 }
 

@@ -226,41 +226,112 @@ impl<'de> Members<'de> {
 /// is not limited inside a value (serde skips values without recursion either); names are
 /// unescaped as serde unescapes them.
 pub fn parse_members(json: &str) -> Option<Members<'_>> {
+    let mut members = Vec::with_capacity(8);
+    scan_members(json, |key, at| {
+        let read = at.skip()?;
+        members.push((key, read.raw()));
+        Some(read)
+    })?;
+    Some(Members(members))
+}
+
+/// A member's value where [`scan_members`] met it, for its visitor to read: skipped, or (an
+/// object) read member by member in place.
+pub struct At<'a> {
+    json: &'a str,
+    start: usize,
+}
+
+/// A value read through its [`At`]: its text, and where the scan goes on.
+#[derive(Clone, Copy)]
+pub struct Read<'a> {
+    raw: Raw<'a>,
+    end: usize,
+}
+
+impl<'a> Read<'a> {
+    /// The value's JSON text.
+    pub fn raw(&self) -> Raw<'a> {
+        self.raw
+    }
+}
+
+impl<'a> At<'a> {
+    /// Whether the value is an object (its first byte; whether it is valid is for the reading).
+    pub fn is_object(&self) -> bool {
+        self.json.as_bytes().get(self.start) == Some(&b'{')
+    }
+
+    /// The value read whole, unlooked-at; `None` when it is not valid JSON.
+    pub fn skip(self) -> Option<Read<'a>> {
+        let end = skip_value(self.json.as_bytes(), self.start)?;
+        Some(Read {
+            raw: Raw(self.json.get(self.start..end)?),
+            end,
+        })
+    }
+
+    /// The value read as an object, each member handed to `visit` as [`scan_members`] hands
+    /// them; `None` when it is not a valid object.
+    pub fn members(
+        self,
+        visit: impl FnMut(Key<'a>, At<'a>) -> Option<Read<'a>>,
+    ) -> Option<Read<'a>> {
+        let end = scan_object(self.json, self.start, visit)?;
+        Some(Read {
+            raw: Raw(self.json.get(self.start..end)?),
+            end,
+        })
+    }
+}
+
+/// Reads the object that is all of `json` (whitespace around it allowed), member by member, in
+/// one pass: `visit` gets each name and the place of its value, and must read the value there
+/// (returning the [`Read`] of that same `At`) — skip it, or descend into an object in place, so
+/// that a nested level the caller wants is not scanned once as a value and again as an object.
+/// `None` for anything that is not a valid object (the grammar of [`parse_members`]) or when
+/// `visit` gives up.
+pub fn scan_members<'a>(
+    json: &'a str,
+    visit: impl FnMut(Key<'a>, At<'a>) -> Option<Read<'a>>,
+) -> Option<()> {
     let b = json.as_bytes();
-    let mut i = skip_ws(b, 0);
+    let end = scan_object(json, skip_ws(b, 0), visit)?;
+    (skip_ws(b, end) == b.len()).then_some(())
+}
+
+/// The end of the object at `i` (its `{`), each member handed to `visit`.
+fn scan_object<'a>(
+    json: &'a str,
+    mut i: usize,
+    mut visit: impl FnMut(Key<'a>, At<'a>) -> Option<Read<'a>>,
+) -> Option<usize> {
+    let b = json.as_bytes();
     if b.get(i) != Some(&b'{') {
         return None;
     }
-    let mut members = Vec::with_capacity(8);
     i = skip_ws(b, i + 1);
     if b.get(i) == Some(&b'}') {
-        i += 1;
-    } else {
-        loop {
-            if b.get(i) != Some(&b'"') {
-                return None;
-            }
-            let (end, escaped) = skip_string(b, i)?;
-            let key = key_text(json, i, end, escaped)?;
-            i = skip_ws(b, end);
-            if b.get(i) != Some(&b':') {
-                return None;
-            }
-            let start = skip_ws(b, i + 1);
-            i = skip_value(b, start)?;
-            members.push((key, Raw(json.get(start..i)?)));
-            i = skip_ws(b, i);
-            match b.get(i) {
-                Some(b',') => i = skip_ws(b, i + 1),
-                Some(b'}') => {
-                    i += 1;
-                    break;
-                }
-                _ => return None,
-            }
+        return Some(i + 1);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let (end, escaped) = skip_string(b, i)?;
+        let key = key_text(json, i, end, escaped)?;
+        i = skip_ws(b, end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(b, i + 1);
+        i = skip_ws(b, visit(key, At { json, start })?.end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(i + 1),
+            _ => return None,
         }
     }
-    (skip_ws(b, i) == b.len()).then_some(Members(members))
 }
 
 /// Whether [`parse_members`] reads `text` as serde_json reads it (the same members, or both

@@ -6,9 +6,10 @@
 
 use serde::Deserialize;
 
-use crate::jsonrpc::{Key, Members, Raw, parse_members};
+use crate::jsonrpc::{Key, Raw, scan_members};
 pub use crate::jsonrpc::{RequestId, code, error_body};
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 use std::borrow::Cow;
 
 /// The revision portico speaks natively (and asks modern backends for).
@@ -312,30 +313,89 @@ fn fold(name: &str) -> String {
 /// Reading and auditing in one pass matters on the paths that read every request's envelope
 /// (the bridge, `verify_body`): two passes per level cost ~9 k instructions of a bridged
 /// `tools/call`'s ~76 k (callgrind, issue #23 item 2).
+#[derive(Debug, PartialEq)]
 struct Object<'de, const N: usize> {
     beyond: bool,
     /// `None` for a member that is absent; a `null` is kept (see [`non_null`]).
     values: [Option<Raw<'de>>; N],
 }
 
+/// One level of a message as the audit reads it: its protocol members, which of them leave it
+/// "plain" (bit `i` for `members[i]`), and for each wanted value the index of its member.
+/// Built at compile time from name lists, so that a member's name is compared once, with the
+/// member list, and the rest is bit tests (callgrind: ~28 string comparisons a checked request
+/// before, when each list was searched by name).
+struct Level<const N: usize> {
+    members: &'static [&'static str],
+    plain: u32,
+    wanted: [usize; N],
+}
+
+impl<const N: usize> Level<N> {
+    const fn new(members: &'static [&'static str], plain: &[&str], wanted: &[&str; N]) -> Level<N> {
+        assert!(members.len() <= 32, "a level's members are bits of a u32");
+        let mut mask = 0;
+        let mut i = 0;
+        while i < plain.len() {
+            mask |= 1 << index_of(members, plain[i]);
+            i += 1;
+        }
+        let mut at = [0; N];
+        let mut j = 0;
+        while j < N {
+            at[j] = index_of(members, wanted[j]);
+            j += 1;
+        }
+        Level {
+            members,
+            plain: mask,
+            wanted: at,
+        }
+    }
+}
+
+/// Where `name` is in `members` (compile time: a name that is not there fails the build).
+const fn index_of(members: &[&str], name: &str) -> usize {
+    let mut i = 0;
+    while i < members.len() {
+        let (m, n) = (members[i].as_bytes(), name.as_bytes());
+        if m.len() == n.len() {
+            let mut k = 0;
+            while k < m.len() && m[k] == n[k] {
+                k += 1;
+            }
+            if k == m.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("a plain or wanted name that is not a member of its level")
+}
+
+/// The top level: every member is plain, each is wanted.
+const TOP: Level<6> = Level::new(TOP_MEMBERS, TOP_MEMBERS, TOP_MEMBERS);
+const PARAMS: Level<8> = Level::new(PARAMS_MEMBERS, SELECTOR_PARAMS, WANTED_PARAMS);
+const META: Level<4> = Level::new(META_MEMBERS, KEYED_META, WANTED_META);
+
 /// What one object's members add up to, member by member ([`Object`]): the first refusal is
 /// kept, the rest of the object still read.
-struct Judge<'m, 'de, const N: usize> {
-    members: &'m [&'m str],
-    plain: &'m [&'m str],
-    wanted: &'m [&'m str; N],
-    seen: Vec<Key<'de>>,
+struct Judge<'de, const N: usize> {
+    level: &'static Level<N>,
+    /// Protocol members met so far (bit `i` for `level.members[i]`).
+    known: u32,
+    /// Other names met so far; an envelope's levels have few, kept off the heap.
+    others: SmallVec<[Key<'de>; 4]>,
     refused: Option<String>,
     out: Object<'de, N>,
 }
 
-impl<'m, 'de, const N: usize> Judge<'m, 'de, N> {
-    fn new(members: &'m [&'m str], plain: &'m [&'m str], wanted: &'m [&'m str; N]) -> Self {
+impl<'de, const N: usize> Judge<'de, N> {
+    fn new(level: &'static Level<N>) -> Self {
         Judge {
-            members,
-            plain,
-            wanted,
-            seen: Vec::new(),
+            level,
+            known: 0,
+            others: SmallVec::new(),
             refused: None,
             out: Object {
                 beyond: false,
@@ -346,31 +406,39 @@ impl<'m, 'de, const N: usize> Judge<'m, 'de, N> {
 
     /// One member: its value kept when it is wanted, its name audited.
     fn member(&mut self, key: Key<'de>, value: Raw<'de>) {
-        self.out.beyond |= !self.plain.contains(&key.as_str());
-        if let Some(i) = self.wanted.iter().position(|w| *w == key.as_str()) {
-            self.out.values[i] = Some(value);
-        }
-        if self.refused.is_some() {
-            return;
-        }
-        if self.seen.contains(&key) {
-            self.refused = Some(format!("member {key:?} appears twice"));
-            return;
-        }
-        // ASCII names that are not members fold to nothing of interest unless they differ
-        // from a member only in case; the fold is computed only for those.
-        if !self.members.contains(&key.as_str())
-            && (!key.is_ascii() || self.members.iter().any(|m| m.eq_ignore_ascii_case(&key)))
-        {
-            let folded = fold(&key);
-            if let Some(m) = self.members.iter().find(|m| fold(m) == folded) {
-                self.refused = Some(format!(
-                    "member {key:?} differs from the protocol member {m:?} only in case"
-                ));
+        let members = self.level.members;
+        let Some(i) = members.iter().position(|m| *m == key.as_str()) else {
+            self.out.beyond = true;
+            if self.refused.is_some() {
                 return;
             }
+            if self.others.contains(&key) {
+                self.refused = Some(format!("member {key:?} appears twice"));
+                return;
+            }
+            // ASCII names that are not members fold to nothing of interest unless they
+            // differ from a member only in case; the fold is computed only for those.
+            if !key.is_ascii() || members.iter().any(|m| m.eq_ignore_ascii_case(&key)) {
+                let folded = fold(&key);
+                if let Some(m) = members.iter().find(|m| fold(m) == folded) {
+                    self.refused = Some(format!(
+                        "member {key:?} differs from the protocol member {m:?} only in case"
+                    ));
+                    return;
+                }
+            }
+            self.others.push(key);
+            return;
+        };
+        let bit = 1 << i;
+        self.out.beyond |= self.level.plain & bit == 0;
+        if let Some(slot) = self.level.wanted.iter().position(|w| *w == i) {
+            self.out.values[slot] = Some(value);
         }
-        self.seen.push(key);
+        if self.refused.is_none() && self.known & bit != 0 {
+            self.refused = Some(format!("member {key:?} appears twice"));
+        }
+        self.known |= bit;
     }
 
     fn end(self) -> Result<Object<'de, N>, String> {
@@ -381,26 +449,18 @@ impl<'m, 'de, const N: usize> Judge<'m, 'de, N> {
     }
 }
 
-/// Reads the object that is all of `text`: `Err` when it is not JSON or not an object (serde's
-/// words), `Ok(Err)` with the audit's words when a member name is refused. The whole object is
-/// read either way, so broken JSON after a refused name is still a parse error. Valid objects
-/// are read by [`parse_members`]'s scanner; serde reads only what the scanner refused, for its
-/// error message.
+/// Reads the object that is all of `text` by serde: `Err` when it is not JSON or not an object
+/// (serde's words), `Ok(Err)` with the audit's words when a member name is refused. The whole
+/// object is read either way, so broken JSON after a refused name is still a parse error. Text
+/// the scanner refused ([`read_levels`]) comes here, for the words of its error; valid text only
+/// in [`levels_agree`], as the reference.
 fn read_object<'de, const N: usize>(
     text: &'de str,
-    members: &[&str],
-    plain: &[&str],
-    wanted: &[&str; N],
+    level: &'static Level<N>,
 ) -> Result<Result<Object<'de, N>, String>, serde_json::Error> {
-    let mut judge = Judge::new(members, plain, wanted);
-    if let Some(Members(fields)) = parse_members(text) {
-        for (key, value) in fields {
-            judge.member(key, value);
-        }
-        return Ok(judge.end());
-    }
-    struct Read<'m, 'de, const N: usize>(Judge<'m, 'de, N>);
-    impl<'m, 'de, const N: usize> serde::de::Visitor<'de> for Read<'m, 'de, N> {
+    let judge = Judge::new(level);
+    struct Read<'de, const N: usize>(Judge<'de, N>);
+    impl<'de, const N: usize> serde::de::Visitor<'de> for Read<'de, N> {
         type Value = Result<Object<'de, N>, String>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a JSON object")
@@ -409,7 +469,6 @@ fn read_object<'de, const N: usize>(
             mut self,
             mut map: A,
         ) -> Result<Self::Value, A::Error> {
-            // Only text the scanner refused comes here, so every value is simply captured.
             while let Some((key, value)) = map.next_entry::<Key<'de>, &'de RawValue>()? {
                 self.0.member(key, Raw::from(value));
             }
@@ -431,11 +490,89 @@ fn non_null(v: Option<Raw<'_>>) -> Option<Raw<'_>> {
 /// words.
 fn read_nested<'de, const N: usize>(
     text: &'de str,
-    members: &[&str],
-    plain: &[&str],
-    wanted: &[&str; N],
+    level: &'static Level<N>,
 ) -> Result<Object<'de, N>, String> {
-    read_object(text, members, plain, wanted).map_err(|e| e.to_string())?
+    read_object(text, level).map_err(|e| e.to_string())?
+}
+
+/// The three levels an envelope reads, judged in one pass over valid JSON ([`read_levels`]):
+/// `params` and its `_meta` are read where they lie (the last of each, as the level above keeps
+/// the last value of a name; a repeated name is refused there anyway), not skipped as values
+/// and scanned again as objects. `None` for a level that is absent or not an object.
+struct Levels<'de> {
+    top: Result<Object<'de, 6>, String>,
+    params: Option<Result<Object<'de, 8>, String>>,
+    meta: Option<Result<Object<'de, 4>, String>>,
+}
+
+/// [`Levels`] of a message that is valid JSON (`None` otherwise: [`read_object`] and
+/// [`read_nested`] then read it level by level, serde giving a parse error its words). Each
+/// level is judged as [`read_object`] judges it; what is refused first is decided by
+/// `parse_envelope`, in the same order either way. Reading `params` and `_meta` in place saves
+/// rescanning them (callgrind, `verify_body = "always"`: README "Benchmarks").
+fn read_levels(text: &str) -> Option<Levels<'_>> {
+    let mut top = Judge::new(&TOP);
+    let mut params = None;
+    let mut meta = None;
+    scan_members(text, |key, at| {
+        let read = if key == "params" && at.is_object() {
+            let mut judge = Judge::new(&PARAMS);
+            let read = at.members(|key, at| {
+                let read = if key == "_meta" && at.is_object() {
+                    let mut judge = Judge::new(&META);
+                    let read = at.members(|key, at| {
+                        let read = at.skip()?;
+                        judge.member(key, read.raw());
+                        Some(read)
+                    })?;
+                    meta = Some(judge.end());
+                    read
+                } else {
+                    at.skip()?
+                };
+                judge.member(key, read.raw());
+                Some(read)
+            })?;
+            params = Some(judge.end());
+            read
+        } else {
+            at.skip()?
+        };
+        top.member(key, read.raw());
+        Some(read)
+    })?;
+    Some(Levels {
+        top: top.end(),
+        params,
+        meta,
+    })
+}
+
+/// Whether [`read_levels`] judges `text` as serde, reading level by level, judges it (the same
+/// values, the same refusal); panics on a disagreement, naming the text. The unit tests' and the
+/// fuzz harness's check of the one-pass reading. Returns whether the text was read.
+pub fn levels_agree(text: &str) -> bool {
+    let Some(one_pass) = read_levels(text) else {
+        return false;
+    };
+    fn object(v: Option<Raw<'_>>) -> Option<Raw<'_>> {
+        non_null(v).filter(|v| v.get().starts_with('{'))
+    }
+    let by_serde = read_object(text, &TOP).expect("serde reads what the scanner reads");
+    let params = by_serde.as_ref().ok().and_then(|top| object(top.values[3]));
+    let params = params.map(|p| read_nested(p.get(), &PARAMS));
+    let meta = match &params {
+        Some(Ok(p)) => object(p.values[4]).map(|m| read_nested(m.get(), &META)),
+        _ => None,
+    };
+    assert_eq!(one_pass.top, by_serde, "top level of {text:?}");
+    if by_serde.is_ok() {
+        assert_eq!(one_pass.params, params, "params of {text:?}");
+        if matches!(params, Some(Ok(_))) {
+            assert_eq!(one_pass.meta, meta, "_meta of {text:?}");
+        }
+    }
+    true
 }
 
 /// First non-whitespace byte of a body; the cheapest batch and garbage detector.
@@ -466,11 +603,24 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         }
     }
     let text = std::str::from_utf8(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
-    let top = match read_object(text, TOP_MEMBERS, TOP_MEMBERS, TOP_MEMBERS) {
-        Ok(top) => top.map_err(|e| EnvelopeError::Invalid(e, None))?,
-        Err(e) if e.is_syntax() || e.is_eof() => return Err(EnvelopeError::Parse(e.to_string())),
-        Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
+    // One pass for valid JSON; text the scanner refuses is read level by level, serde giving
+    // the words of the parse error.
+    let Levels { top, params, meta } = match read_levels(text) {
+        Some(levels) => levels,
+        None => Levels {
+            top: match read_object(text, &TOP) {
+                Ok(top) => top,
+                Err(e) if e.is_syntax() || e.is_eof() => {
+                    return Err(EnvelopeError::Parse(e.to_string()));
+                }
+                Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
+            },
+            params: None,
+            meta: None,
+        },
     };
+    let (read_params, read_meta) = (params, meta);
+    let top = top.map_err(|e| EnvelopeError::Invalid(e, None))?;
     let [jsonrpc, id, method, params, result, error] = top.values;
     let [jsonrpc, method, params, result, error] =
         [jsonrpc, method, params, result, error].map(non_null);
@@ -533,7 +683,8 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
             env.id,
         ));
     }
-    let p = read_nested(params.get(), PARAMS_MEMBERS, SELECTOR_PARAMS, WANTED_PARAMS)
+    let p = read_params
+        .unwrap_or_else(|| read_nested(params.get(), &PARAMS))
         .map_err(|e| EnvelopeError::Invalid(format!("params: {e}"), env.id.clone()))?;
     env.params_beyond_selector = p.beyond;
     let [
@@ -563,7 +714,8 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         && first_byte(meta.get().as_bytes()) == Some(b'{')
     {
         env.has_meta = true;
-        let m = read_nested(meta.get(), META_MEMBERS, KEYED_META, WANTED_META)
+        let m = read_meta
+            .unwrap_or_else(|| read_nested(meta.get(), &META))
             .map_err(|e| EnvelopeError::Invalid(format!("_meta: {e}"), env.id.clone()))?;
         env.meta_beyond_keyed = m.beyond;
         let [
@@ -913,6 +1065,51 @@ mod tests {
         }
         assert_eq!(fold("paramſ"), "params");
         assert_eq!(fold("\u{212A}ey"), "key");
+    }
+
+    #[test]
+    fn one_pass_reads_levels_as_serde_reads_them() {
+        let call = |params: &str| {
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#)
+        };
+        let mut texts: Vec<String> = [
+            r#"{"name":"a","arguments":{"x":[1,{"_meta":{}}]},"_meta":{"progressToken":"p","io.modelcontextprotocol/protocolVersion":"2026-07-28"}}"#,
+            r#"{"name":"a","_meta":{"progressToken":1,"ProgressToken":2}}"#,
+            r#"{"name":"a","_meta":{"x":1,"x":2},"cursor":"c"}"#,
+            r#"{"name":"a","_meta":{"a":1},"_meta":{"b":2}}"#,
+            r#"{"name":"a","_meta":null}"#,
+            r#"{"name":"a","_meta":[1]}"#,
+            r#"{"uri":"u","NAME":"b"}"#,
+            r#"{"name":"b", "_meta" : { "progressToken" : 1 } }"#,
+            r#"{"cursor":"c","_meta":{"io.modelcontextprotocol/logLevel":"debug"}}"#,
+            r#"{}"#,
+            r#"null"#,
+            r#""text""#,
+        ]
+        .into_iter()
+        .map(call)
+        .collect();
+        texts.extend(
+            [
+                r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":1},"params":{"b":{"_meta":{}}}}"#,
+                r#"{"jsonrpc":"2.0","id":1,"method":"x","Params":{"name":"a"}}"#,
+                r#"{"jsonrpc":"2.0","id":"a","result":{"_meta":{}}}"#,
+                r#" { "jsonrpc" : "2.0" , "method" : "notifications/x" } "#,
+                r#"{}"#,
+            ]
+            .map(String::from),
+        );
+        for text in &texts {
+            assert!(levels_agree(text), "{text} is valid JSON");
+        }
+        for broken in [
+            r#"{"params":{"_meta":{"a":}}}"#,
+            r#"{"params":{} "#,
+            "[]",
+            "{} x",
+        ] {
+            assert!(!levels_agree(broken), "{broken} is not an object");
+        }
     }
 
     #[test]
