@@ -346,6 +346,8 @@ pub struct LegacySession {
     pub version: HeaderValue,
     /// The server's `InitializeResult` (capabilities, serverInfo, instructions).
     pub init: Value,
+    /// Its `serverInfo`, as the bridge adds it to every answer ([`ServerInfo::of`] of `init`).
+    pub server_info: Option<Arc<ServerInfo>>,
     /// stdio child generation the session belongs to (0 for HTTP).
     pub generation: u64,
     /// The owner's own stdio child the session lives in; `None`: the backend's transport.
@@ -353,6 +355,26 @@ pub struct LegacySession {
     /// The level last set upstream with `logging/setLevel`, as 1 + its rank in
     /// `protocol::LOG_LEVELS`; 0 = never set (the server's default).
     pub log_level: AtomicU8,
+}
+
+/// A legacy server's `serverInfo`, with its JSON text: the bridge adds it to every answer's
+/// `_meta`, and copying the text is cheaper than cloning and serializing the value each time.
+#[derive(Debug)]
+pub struct ServerInfo {
+    pub value: Value,
+    pub json: Box<str>,
+}
+
+impl ServerInfo {
+    /// The `serverInfo` of an `InitializeResult`, if it has one.
+    pub fn of(init: &Value) -> Option<Arc<ServerInfo>> {
+        init.get("serverInfo").map(|v| {
+            Arc::new(ServerInfo {
+                value: v.clone(),
+                json: v.to_string().into(),
+            })
+        })
+    }
 }
 
 #[cfg(test)]

@@ -282,7 +282,7 @@ pub async fn call(
             method: method.to_string(),
             ttl_ms: b.cfg.default_ttl_ms,
             scope: scope_str(b.cfg.default_cache_scope),
-            server_info: s.init.get("serverInfo").cloned(),
+            server_info: s.server_info.clone(),
             log_level,
         };
         // Armed from here: if this future or the answer stream is dropped before the answer,

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::owner::Owner;
 use super::probe::{ensure_verdict, initialize_refusal_is_modern, response_of};
 use super::{Bridged, base_headers, collect, upstream_err};
-use crate::backend::{Backend, LegacySession, SessionSlot, Verdict};
+use crate::backend::{Backend, LegacySession, ServerInfo, SessionSlot, Verdict};
 use crate::error::GatewayError;
 use crate::pool::{OwnerKey, Slot};
 use crate::protocol::header as h;
@@ -214,6 +214,7 @@ pub(super) async fn session_or_modern(
             id: Some(id),
             version,
             init: serde_json::json!({}),
+            server_info: None,
             generation: 0,
             child: None,
             log_level: Default::default(),
@@ -492,6 +493,7 @@ pub(super) async fn initialize(
     Ok(LegacySession {
         id: session_id,
         version,
+        server_info: ServerInfo::of(&init),
         init,
         generation,
         child: child.cloned(),

@@ -14,10 +14,10 @@ use tokio::time::Instant;
 use super::input::{Flow, FlowIo};
 use super::send_raw;
 use crate::backend::Backend;
-use crate::backend::LegacySession;
+use crate::backend::{LegacySession, ServerInfo};
 use crate::config::CacheScope;
 use crate::error::GatewayError;
-use crate::jsonrpc::{Members, parse_members, write_str};
+use crate::jsonrpc::{At, Key, Members, Raw, Read, parse_members, scan_members, write_str};
 use crate::protocol::{RequestId, code, is_cacheable_method, meta, status_for_code};
 use crate::upstream::{MessageStream, Reply};
 
@@ -38,7 +38,7 @@ pub(super) struct Mapping {
     pub(super) method: String,
     pub(super) ttl_ms: u64,
     pub(super) scope: &'static str,
-    pub(super) server_info: Option<Value>,
+    pub(super) server_info: Option<Arc<ServerInfo>>,
     /// The request's `logLevel` rank: its `notifications/message` at or above it are relayed.
     pub(super) log_level: Option<u8>,
 }
@@ -55,76 +55,86 @@ pub(super) fn log_level(body: &[u8]) -> Option<u8> {
 }
 
 /// 2026 request → legacy request: new id, new progress token, reserved `_meta` keys removed.
-/// Rewritten as text (issue #23 item 2): only the top level, `params` and `_meta` are split
-/// into members; the arguments and everything else are copied as the client wrote them.
+/// Rewritten as text (issue #23 item 2) while it is read, in one pass: the top level, `params`
+/// and `_meta` are split into members where they lie; the arguments and everything else are
+/// copied as the client wrote them.
 pub(super) fn to_legacy(
     body: &[u8],
     upstream_id: u64,
 ) -> Result<(Bytes, Option<(Value, Value)>), GatewayError> {
     let text = std::str::from_utf8(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
-    let Some(Members(top)) = parse_members(text) else {
+    let mut token = None;
+    let mut out = Vec::with_capacity(body.len() + 16);
+    let mut obj = ObjectWriter::new(&mut out);
+    let read = scan_members(text, |name, at| {
+        let out = obj.key(&name);
+        match name.as_str() {
+            "id" => {
+                out.extend_from_slice(itoa::Buffer::new().format(upstream_id).as_bytes());
+                at.skip()
+            }
+            "params" if at.is_object() => legacy_params(out, at, upstream_id, &mut token),
+            _ => copy(out, at),
+        }
+    });
+    if read.is_none() {
         return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
             Err(e) => GatewayError::Parse(e.to_string()),
             Ok(_) => GatewayError::InvalidRequest("not an object".into()),
         });
-    };
-    let mut token = None;
-    let mut out = Vec::with_capacity(body.len() + 16);
-    let mut obj = ObjectWriter::new(&mut out);
-    for (name, value) in &top {
-        let out = obj.key(name);
-        match name.as_str() {
-            "id" => out.extend_from_slice(itoa::Buffer::new().format(upstream_id).as_bytes()),
-            "params" => legacy_params(out, value.get(), upstream_id, &mut token),
-            _ => out.extend_from_slice(value.get().as_bytes()),
-        }
     }
     obj.end();
     Ok((Bytes::from(out), token))
 }
 
+/// A value copied as it was written.
+fn copy<'a>(out: &mut Vec<u8>, at: At<'a>) -> Option<Read<'a>> {
+    let read = at.skip()?;
+    out.extend_from_slice(read.raw().get().as_bytes());
+    Some(read)
+}
+
 /// `params` for the legacy server: `_meta` without the reserved 2026 keys (left out when that
-/// empties it), its progress token replaced by a session-unique one. Not an object: as is.
-fn legacy_params(
+/// empties it), its progress token replaced by a session-unique one.
+fn legacy_params<'a>(
     out: &mut Vec<u8>,
-    raw: &str,
+    at: At<'a>,
     upstream_id: u64,
     token: &mut Option<(Value, Value)>,
-) {
-    let Some(Members(params)) = parse_members(raw) else {
-        out.extend_from_slice(raw.as_bytes());
-        return;
-    };
+) -> Option<Read<'a>> {
     let mut obj = ObjectWriter::new(out);
-    for (name, value) in &params {
-        if name == "_meta"
-            && let Some(Members(meta)) = parse_members(value.get())
-        {
-            let kept: Vec<_> = meta
-                .iter()
-                .filter(|(k, _)| !RESERVED_META.contains(&k.as_str()))
-                .collect();
-            if kept.is_empty() {
-                continue;
-            }
-            let mut m = ObjectWriter::new(obj.key(name));
-            for (k, v) in kept {
-                let out = m.key(k);
-                if k == "progressToken" && v.get() != "null" {
-                    let up = format!("portico-{upstream_id}");
-                    write_str(out, &up);
-                    let client = serde_json::from_str(v.get()).unwrap_or(Value::Null);
-                    *token = Some((json!(up), client));
-                } else {
-                    out.extend_from_slice(v.get().as_bytes());
-                }
-            }
-            m.end();
-            continue;
+    let read = at.members(|name, at| {
+        if name != "_meta" || !at.is_object() {
+            return copy(obj.key(&name), at);
         }
-        obj.key(name).extend_from_slice(value.get().as_bytes());
-    }
+        let mark = obj.mark();
+        let mut meta = ObjectWriter::new(obj.key(&name));
+        let mut kept = false;
+        let read = at.members(|k, v| {
+            if RESERVED_META.contains(&k.as_str()) {
+                return v.skip();
+            }
+            kept = true;
+            let out = meta.key(&k);
+            let v = v.skip()?;
+            if k == "progressToken" && v.raw().get() != "null" {
+                let up = format!("portico-{upstream_id}");
+                write_str(out, &up);
+                let client = serde_json::from_str(v.raw().get()).unwrap_or(Value::Null);
+                *token = Some((json!(up), client));
+            } else {
+                out.extend_from_slice(v.raw().get().as_bytes());
+            }
+            Some(v)
+        })?;
+        meta.end();
+        if !kept {
+            obj.rewind(mark);
+        }
+        Some(read)
+    })?;
     obj.end();
+    Some(read)
 }
 
 /// The 2026 `_meta` keys a legacy server does not know.
@@ -161,6 +171,17 @@ impl<'o> ObjectWriter<'o> {
     fn end(self) {
         self.out.push(b'}');
     }
+
+    /// Where the object stands, for [`ObjectWriter::rewind`].
+    fn mark(&self) -> (usize, bool) {
+        (self.out.len(), self.first)
+    }
+
+    /// Takes back what was written since `mark` (a member that turned out to be left out).
+    fn rewind(&mut self, (len, first): (usize, bool)) {
+        self.out.truncate(len);
+        self.first = first;
+    }
 }
 
 /// What to do with one message from the legacy server.
@@ -177,9 +198,32 @@ pub(super) enum Translated {
 /// is rewritten as text: only its top level, the result's and `_meta`'s members are split, the
 /// content is copied as the server wrote it.
 pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
-    let Some(Members(top)) = std::str::from_utf8(msg).ok().and_then(parse_members) else {
+    let Ok(text) = std::str::from_utf8(msg) else {
         return Translated::Drop;
     };
+    // One pass: the top level's members, and a result's members read where they lie rather
+    // than skipped and scanned again (the last result; a repeated one is read again below).
+    let mut top = Vec::with_capacity(4);
+    let mut result: Option<(Raw, Vec<(Key, Raw)>)> = None;
+    let read = scan_members(text, |name, at| {
+        let read = if name == "result" && at.is_object() {
+            let mut fields = Vec::with_capacity(8);
+            let read = at.members(|k, v| {
+                let v = v.skip()?;
+                fields.push((k, v.raw()));
+                Some(v)
+            })?;
+            result = Some((read.raw(), fields));
+            read
+        } else {
+            at.skip()?
+        };
+        top.push((name, read.raw()));
+        Some(read)
+    });
+    if read.is_none() {
+        return Translated::Drop;
+    }
     let last = |key: &str| top.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v);
     let method = last("method").and_then(|v| serde_json::from_str::<String>(v.get()).ok());
     let id = last("id").filter(|v| v.get() != "null");
@@ -212,7 +256,12 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
                 let out = obj.key(name);
                 match name.as_str() {
                     "id" => out.extend_from_slice(m.client_id.json().as_bytes()),
-                    "result" => modern_result(out, value.get(), m),
+                    "result" => {
+                        let fields = result
+                            .take_if(|(r, _)| std::ptr::eq(r.get(), value.get()))
+                            .map(|(_, f)| f);
+                        modern_result(out, value.get(), fields, m)
+                    }
                     "error" => modern_error(out, value.get()),
                     _ => out.extend_from_slice(value.get().as_bytes()),
                 }
@@ -256,8 +305,8 @@ fn notification(msg: &[u8], method: &str, m: &Mapping) -> Translated {
 
 /// [`modernize_result`] on the result's text: the members it lacks appended, the server's
 /// `serverInfo` added to its `_meta`. Not an object: as is.
-fn modern_result(out: &mut Vec<u8>, raw: &str, m: &Mapping) {
-    let Some(Members(result)) = parse_members(raw) else {
+fn modern_result(out: &mut Vec<u8>, raw: &str, fields: Option<Vec<(Key, Raw)>>, m: &Mapping) {
+    let Some(result) = fields.or_else(|| parse_members(raw).map(|Members(f)| f)) else {
         out.extend_from_slice(raw.as_bytes());
         return;
     };
@@ -286,21 +335,24 @@ fn modern_result(out: &mut Vec<u8>, raw: &str, m: &Mapping) {
         && !has("_meta")
     {
         let mut meta_obj = ObjectWriter::new(obj.key("_meta"));
-        write_json(meta_obj.key(meta::SERVER_INFO), info);
+        meta_obj
+            .key(meta::SERVER_INFO)
+            .extend_from_slice(info.json.as_bytes());
         meta_obj.end();
     }
     obj.end();
 }
 
 /// A result's `_meta` with `serverInfo` added when it has none. Not an object: as is.
-fn meta_with_info(out: &mut Vec<u8>, raw: &str, info: &Value) {
+fn meta_with_info(out: &mut Vec<u8>, raw: &str, info: &ServerInfo) {
     match parse_members(raw) {
         Some(Members(fields)) if !fields.iter().any(|(k, _)| k == meta::SERVER_INFO) => {
             let mut obj = ObjectWriter::new(out);
             for (name, value) in &fields {
                 obj.key(name).extend_from_slice(value.get().as_bytes());
             }
-            write_json(obj.key(meta::SERVER_INFO), info);
+            obj.key(meta::SERVER_INFO)
+                .extend_from_slice(info.json.as_bytes());
             obj.end();
         }
         _ => out.extend_from_slice(raw.as_bytes()),
@@ -334,11 +386,6 @@ fn modern_error(out: &mut Vec<u8>, raw: &str) {
     }
 }
 
-/// A value built by portico or parsed from JSON: serializing it cannot fail.
-fn write_json(out: &mut Vec<u8>, v: &Value) {
-    let _ = serde_json::to_writer(&mut *out, v);
-}
-
 pub(super) fn modernize_result(result: &mut Map<String, Value>, m: &Mapping) {
     result
         .entry("resultType")
@@ -350,7 +397,8 @@ pub(super) fn modernize_result(result: &mut Map<String, Value>, m: &Mapping) {
     if let Some(info) = &m.server_info {
         let meta_obj = result.entry("_meta").or_insert_with(|| json!({}));
         if let Some(o) = meta_obj.as_object_mut() {
-            o.entry(meta::SERVER_INFO).or_insert_with(|| info.clone());
+            o.entry(meta::SERVER_INFO)
+                .or_insert_with(|| info.value.clone());
         }
     }
 }
@@ -434,7 +482,7 @@ pub fn fuzz_both_ways(msg: &[u8]) {
         method: "tools/list".into(),
         ttl_ms: 5,
         scope: "public",
-        server_info: Some(json!({"name": "fuzz"})),
+        server_info: ServerInfo::of(&json!({"serverInfo": {"name": "fuzz"}})),
         log_level: Some(0),
     };
     match from_legacy(msg, &m) {
@@ -530,7 +578,7 @@ mod tests {
             method: "tools/call".into(),
             ttl_ms: 0,
             scope: "private",
-            server_info: Some(json!({"name":"legacy"})),
+            server_info: ServerInfo::of(&json!({"serverInfo": {"name":"legacy"}})),
             log_level: None,
         };
         let Translated::Forward(out) = from_legacy(
@@ -555,6 +603,59 @@ mod tests {
     }
 
     #[test]
+    fn a_meta_left_empty_is_left_out_wherever_it_stands() {
+        let reserved = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/logLevel":"info"}"#;
+        for (params, up) in [
+            (
+                format!(r#"{{"_meta":{reserved},"name":"t"}}"#),
+                r#"{"name":"t"}"#,
+            ),
+            (
+                format!(r#"{{"name":"t", "_meta" : {reserved} ,"arguments":{{"a":[1]}}}}"#),
+                r#"{"name":"t","arguments":{"a":[1]}}"#,
+            ),
+            (format!(r#"{{"_meta":{reserved}}}"#), "{}"),
+            (
+                r#"{"_meta":{"progressToken":"p","io.modelcontextprotocol/clientInfo":{}},"name":"t"}"#.into(),
+                r#"{"_meta":{"progressToken":"portico-5"},"name":"t"}"#,
+            ),
+            (r#"{"_meta":[1],"name":"t"}"#.into(), r#"{"_meta":[1],"name":"t"}"#),
+        ] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#);
+            let (out, _) = to_legacy(body.as_bytes(), 5).unwrap();
+            assert_eq!(
+                std::str::from_utf8(&out).unwrap(),
+                format!(r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{up}}}"#),
+                "{params}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_repeated_result_is_rewritten_each_time() {
+        let m = Mapping {
+            client_id: RequestId::from_value(&json!(7)).unwrap(),
+            upstream_id: 9,
+            token: None,
+            method: "tools/call".into(),
+            ttl_ms: 0,
+            scope: "private",
+            server_info: None,
+            log_level: None,
+        };
+        let Translated::Forward(out) = from_legacy(
+            br#"{"jsonrpc":"2.0","id":9,"result":{"a":1},"result":{"b":2}}"#,
+            &m,
+        ) else {
+            panic!("forwarded")
+        };
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":7,"result":{"a":1,"resultType":"complete"},"result":{"b":2,"resultType":"complete"}}"#
+        );
+    }
+
+    #[test]
     fn results_come_back_in_modern_shape() {
         let m = Mapping {
             client_id: RequestId::from_value(&json!("c1")).unwrap(),
@@ -563,7 +664,7 @@ mod tests {
             method: "tools/list".into(),
             ttl_ms: 5000,
             scope: "private",
-            server_info: Some(json!({"name":"legacy"})),
+            server_info: ServerInfo::of(&json!({"serverInfo": {"name":"legacy"}})),
             log_level: crate::protocol::log_rank("info"),
         };
         let Translated::Forward(out) =
