@@ -109,7 +109,7 @@ pub fn error_body(
 /// `Cow<str>` always copies: callgrind counted ~5 k instructions of a bridged `tools/call` in
 /// allocating names.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Key<'a>(pub Cow<'a, str>);
+pub struct Key<'a>(Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -546,6 +546,22 @@ fn literal(b: &[u8], i: usize, word: &[u8]) -> Option<usize> {
     b.get(i..)?.starts_with(word).then_some(i + word.len())
 }
 
+/// A member name as JSON, as it was written when it held no escape: a name is borrowed only
+/// then (by the scanner, and by serde, which borrows only unescaped strings), and the scanner
+/// has checked such text holds no quote, backslash or control character. Escaped names are
+/// written by [`write_str`].
+pub fn write_key(out: &mut Vec<u8>, key: &Key<'_>) {
+    match &key.0 {
+        Cow::Borrowed(name) => {
+            out.reserve(name.len() + 2);
+            out.push(b'"');
+            out.extend_from_slice(name.as_bytes());
+            out.push(b'"');
+        }
+        Cow::Owned(name) => write_str(out, name),
+    }
+}
+
 /// A JSON string, escaped as serde_json escapes, written straight into `out`.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     // Most strings written here are member names that need no escape: copied as they are
@@ -657,5 +673,12 @@ mod tests {
         assert!(matches!(m[0].0.0, Cow::Borrowed("plain")));
         assert!(matches!(&m[1].0.0, Cow::Owned(k) if k == "escaped"));
         assert_eq!(m[1].0, "escaped");
+        // Written back: a borrowed name as it was, an unescaped one escaped as serde escapes.
+        let Members(m) = parse_members(r#"{"a/b":1,"q\"\u0001\u00e9":2}"#).unwrap();
+        let mut out = Vec::new();
+        for (k, _) in &m {
+            write_key(&mut out, k);
+        }
+        assert_eq!(std::str::from_utf8(&out).unwrap(), r#""a/b""q\"\u0001é""#);
     }
 }

@@ -17,7 +17,9 @@ use crate::backend::Backend;
 use crate::backend::{LegacySession, ServerInfo};
 use crate::config::CacheScope;
 use crate::error::GatewayError;
-use crate::jsonrpc::{At, Key, Members, Raw, Read, parse_members, scan_members, write_str};
+use crate::jsonrpc::{
+    At, Key, Members, Raw, Read, parse_members, scan_members, write_key, write_str,
+};
 use crate::protocol::{RequestId, code, is_cacheable_method, meta, status_for_code};
 use crate::upstream::{MessageStream, Reply};
 
@@ -67,7 +69,7 @@ pub(super) fn to_legacy(
     let mut out = Vec::with_capacity(body.len() + 16);
     let mut obj = ObjectWriter::new(&mut out);
     let read = scan_members(text, |name, at| {
-        let out = obj.key(&name);
+        let out = obj.member(&name);
         match name.as_str() {
             "id" => {
                 out.extend_from_slice(itoa::Buffer::new().format(upstream_id).as_bytes());
@@ -105,17 +107,17 @@ fn legacy_params<'a>(
     let mut obj = ObjectWriter::new(out);
     let read = at.members(|name, at| {
         if name != "_meta" || !at.is_object() {
-            return copy(obj.key(&name), at);
+            return copy(obj.member(&name), at);
         }
         let mark = obj.mark();
-        let mut meta = ObjectWriter::new(obj.key(&name));
+        let mut meta = ObjectWriter::new(obj.member(&name));
         let mut kept = false;
         let read = at.members(|k, v| {
             if RESERVED_META.contains(&k.as_str()) {
                 return v.skip();
             }
             kept = true;
-            let out = meta.key(&k);
+            let out = meta.member(&k);
             let v = v.skip()?;
             if k == "progressToken" && v.raw().get() != "null" {
                 let up = format!("portico-{upstream_id}");
@@ -159,11 +161,24 @@ impl<'o> ObjectWriter<'o> {
     }
 
     fn key(&mut self, name: &str) -> &mut Vec<u8> {
+        self.next();
+        write_str(self.out, name);
+        self.out.push(b':');
+        self.out
+    }
+
+    /// The separator before a member, unless it is the first.
+    fn next(&mut self) {
         if !self.first {
             self.out.push(b',');
         }
         self.first = false;
-        write_str(self.out, name);
+    }
+
+    /// [`ObjectWriter::key`] for a name read from a message (written as it was read).
+    fn member(&mut self, name: &Key) -> &mut Vec<u8> {
+        self.next();
+        write_key(self.out, name);
         self.out.push(b':');
         self.out
     }
@@ -253,7 +268,7 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
             let mut out = Vec::with_capacity(msg.len() + 160);
             let mut obj = ObjectWriter::new(&mut out);
             for (name, value) in &top {
-                let out = obj.key(name);
+                let out = obj.member(name);
                 match name.as_str() {
                     "id" => out.extend_from_slice(m.client_id.json().as_bytes()),
                     "result" => {
@@ -313,7 +328,7 @@ fn modern_result(out: &mut Vec<u8>, raw: &str, fields: Option<Vec<(Key, Raw)>>, 
     let has = |key: &str| result.iter().any(|(k, _)| k == key);
     let mut obj = ObjectWriter::new(out);
     for (name, value) in &result {
-        let out = obj.key(name);
+        let out = obj.member(name);
         match &m.server_info {
             Some(info) if name == "_meta" => meta_with_info(out, value.get(), info),
             _ => out.extend_from_slice(value.get().as_bytes()),
@@ -349,7 +364,7 @@ fn meta_with_info(out: &mut Vec<u8>, raw: &str, info: &ServerInfo) {
         Some(Members(fields)) if !fields.iter().any(|(k, _)| k == meta::SERVER_INFO) => {
             let mut obj = ObjectWriter::new(out);
             for (name, value) in &fields {
-                obj.key(name).extend_from_slice(value.get().as_bytes());
+                obj.member(name).extend_from_slice(value.get().as_bytes());
             }
             obj.key(meta::SERVER_INFO)
                 .extend_from_slice(info.json.as_bytes());
@@ -373,7 +388,7 @@ fn modern_error(out: &mut Vec<u8>, raw: &str) {
         {
             let mut obj = ObjectWriter::new(out);
             for (name, value) in &fields {
-                let out = obj.key(name);
+                let out = obj.member(name);
                 if name == "code" {
                     out.extend_from_slice(code::INVALID_PARAMS.to_string().as_bytes());
                 } else {

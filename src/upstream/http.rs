@@ -581,29 +581,32 @@ async fn collect_bounded(body: &mut RelayBody, limit: usize) -> Result<Bytes, Up
 fn shape(msg: &[u8]) -> Result<bool, &'static str> {
     // The members scanner first (a third of serde's cost here; README "Crates, and what portico
     // writes itself"); serde reads what it refuses, for the words.
-    if let Some(crate::jsonrpc::Members(members)) = std::str::from_utf8(msg)
-        .ok()
-        .and_then(crate::jsonrpc::parse_members)
-    {
-        // As serde's derive reads it: a `null` is absent, a name given twice is refused.
-        let mut seen = [false; 3];
-        let mut present = [false; 3];
-        for (name, value) in &members {
+    // As serde's derive reads it: a `null` is absent, a name given twice is refused.
+    let mut seen = [false; 3];
+    let mut present = [false; 3];
+    let mut twice = false;
+    let read = std::str::from_utf8(msg).ok().and_then(|text| {
+        crate::jsonrpc::scan_members(text, |name, at| {
+            let value = at.skip()?;
             let i = match name.as_str() {
                 "method" => 0,
                 "result" => 1,
                 "error" => 2,
-                _ => continue,
+                _ => return Some(value),
             };
-            if std::mem::replace(&mut seen[i], true) {
-                return Err("is not a JSON-RPC message");
-            }
-            present[i] = value.get() != "null";
+            twice |= std::mem::replace(&mut seen[i], true);
+            present[i] = value.raw().get() != "null";
+            Some(value)
+        })
+    });
+    match read {
+        Some(()) if twice => Err("is not a JSON-RPC message"),
+        Some(()) => {
+            let [method, result, error] = present;
+            Ok(!method && (result || error))
         }
-        let [method, result, error] = present;
-        return Ok(!method && (result || error));
+        None => shape_by_serde(msg),
     }
-    shape_by_serde(msg)
 }
 
 /// [`shape`] by serde_json: its reading for the words of a refusal, and the reference the
