@@ -313,7 +313,8 @@ pub async fn call(
             forget_session(&slot, &s);
             continue;
         }
-        let io = input::FlowIo {
+        // Built only for an answer that streams (`translate`): most calls answer in one message.
+        let io = || input::FlowIo {
             // A read goes through the cache, which reads answers whole: nothing can be relayed
             // mid-stream there (a parked read answers `input_required` as a whole answer).
             side: owner

@@ -419,8 +419,13 @@ pub(super) fn modernize_result(result: &mut Map<String, Value>, m: &Mapping) {
 }
 
 /// Applies `from_legacy` to every message of the answer; the server's requests are answered,
-/// relayed or park the call (`input::Flow`).
-pub(super) fn translate(reply: Reply, m: Mapping, mut guard: CancelGuard, io: FlowIo) -> Reply {
+/// relayed or park the call (`input::Flow`, with the call's `io`, made only for a stream).
+pub(super) fn translate(
+    reply: Reply,
+    m: Mapping,
+    mut guard: CancelGuard,
+    io: impl FnOnce() -> FlowIo,
+) -> Reply {
     let status = reply.status;
     match reply.messages {
         MessageStream::Empty => {
@@ -456,7 +461,7 @@ pub(super) fn translate(reply: Reply, m: Mapping, mut guard: CancelGuard, io: Fl
                     inner: stream,
                     m,
                     guard,
-                    io,
+                    io: io(),
                 }
                 .into_stream(),
             ),

@@ -983,7 +983,12 @@ pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
         h::names::PROTOCOL_VERSION,
         HeaderValue::from_static(LATEST_VERSION),
     ));
-    if let Ok(v) = HeaderValue::from_str(&env.method) {
+    // A method portico knows has a static name: no copy of it per request.
+    let method = match protocol::method_info(&env.method) {
+        Some(m) => Ok(HeaderValue::from_static(m.name)),
+        None => HeaderValue::from_str(&env.method),
+    };
+    if let Ok(v) = method {
         out.push((h::names::METHOD, v));
     }
     if let Some(name) = &env.name
