@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-use crate::jsonrpc::{Key, Raw, scan_members};
+use crate::jsonrpc::{At, Key, Raw, Read, scan_members};
 pub use crate::jsonrpc::{RequestId, code, error_body};
 use serde_json::value::RawValue;
 use smallvec::SmallVec;
@@ -516,24 +516,15 @@ fn read_levels(text: &str) -> Option<Levels<'_>> {
     let mut meta = None;
     scan_members(text, |key, at| {
         let read = if key == "params" && at.is_object() {
-            let mut judge = Judge::new(&PARAMS);
-            let read = at.members(|key, at| {
-                let read = if key == "_meta" && at.is_object() {
-                    let mut judge = Judge::new(&META);
-                    let read = at.members(|key, at| {
-                        let read = at.skip()?;
-                        judge.member(key, read.raw());
-                        Some(read)
-                    })?;
-                    meta = Some(judge.end());
-                    read
-                } else {
-                    at.skip()?
-                };
-                judge.member(key, read.raw());
+            let (read, judged) = judge_in_place(at, &PARAMS, |key, at| {
+                if key != "_meta" || !at.is_object() {
+                    return at.skip();
+                }
+                let (read, judged) = judge_in_place(at, &META, |_, at| at.skip())?;
+                meta = Some(judged);
                 Some(read)
             })?;
-            params = Some(judge.end());
+            params = Some(judged);
             read
         } else {
             at.skip()?
@@ -546,6 +537,22 @@ fn read_levels(text: &str) -> Option<Levels<'_>> {
         params,
         meta,
     })
+}
+
+/// The object at `at` read and judged as one `level`, each value read by `value` (skipped, or
+/// a nested level judged in place).
+fn judge_in_place<'de, const N: usize>(
+    at: At<'de>,
+    level: &'static Level<N>,
+    mut value: impl FnMut(&Key<'de>, At<'de>) -> Option<Read<'de>>,
+) -> Option<(Read<'de>, Result<Object<'de, N>, String>)> {
+    let mut judge = Judge::new(level);
+    let read = at.members(|key, at| {
+        let read = value(&key, at)?;
+        judge.member(key, read.raw());
+        Some(read)
+    })?;
+    Some((read, judge.end()))
 }
 
 /// Whether [`read_levels`] judges `text` as serde, reading level by level, judges it (the same

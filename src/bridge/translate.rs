@@ -552,6 +552,20 @@ mod tests {
     use super::*;
     use crate::protocol::RequestId;
 
+    /// The mapping of a call with client id `id` (`upstream_id` 9, private, no token or level).
+    fn mapping(id: Value, method: &str, server_info: Option<Arc<ServerInfo>>) -> Mapping {
+        Mapping {
+            client_id: RequestId::from_value(&id).unwrap(),
+            upstream_id: 9,
+            token: None,
+            method: method.into(),
+            ttl_ms: 0,
+            scope: "private",
+            server_info,
+            log_level: None,
+        }
+    }
+
     #[test]
     fn requests_go_up_in_legacy_shape() {
         let body = br#"{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"t","arguments":{},"_meta":{
@@ -591,16 +605,8 @@ mod tests {
         ));
         // Down: the content as the server wrote it, the modern members appended, serverInfo
         // added to the server's own _meta.
-        let m = Mapping {
-            client_id: RequestId::from_value(&json!(7)).unwrap(),
-            upstream_id: 9,
-            token: None,
-            method: "tools/call".into(),
-            ttl_ms: 0,
-            scope: "private",
-            server_info: ServerInfo::of(&json!({"serverInfo": {"name":"legacy"}})),
-            log_level: None,
-        };
+        let info = ServerInfo::of(&json!({"serverInfo": {"name":"legacy"}}));
+        let m = mapping(json!(7), "tools/call", info);
         let Translated::Forward(out) = from_legacy(
             br#"{"result":{"content":[{"type":"text","text":"x","n":1.50}],"_meta":{"k":1}},"jsonrpc":"2.0","id":9}"#,
             &m,
@@ -653,16 +659,7 @@ mod tests {
 
     #[test]
     fn a_repeated_result_is_rewritten_each_time() {
-        let m = Mapping {
-            client_id: RequestId::from_value(&json!(7)).unwrap(),
-            upstream_id: 9,
-            token: None,
-            method: "tools/call".into(),
-            ttl_ms: 0,
-            scope: "private",
-            server_info: None,
-            log_level: None,
-        };
+        let m = mapping(json!(7), "tools/call", None);
         let Translated::Forward(out) = from_legacy(
             br#"{"jsonrpc":"2.0","id":9,"result":{"a":1},"result":{"b":2}}"#,
             &m,
@@ -677,15 +674,13 @@ mod tests {
 
     #[test]
     fn results_come_back_in_modern_shape() {
+        let info = ServerInfo::of(&json!({"serverInfo": {"name":"legacy"}}));
         let m = Mapping {
-            client_id: RequestId::from_value(&json!("c1")).unwrap(),
             upstream_id: 42,
             token: Some((json!("portico-42"), json!(7))),
-            method: "tools/list".into(),
             ttl_ms: 5000,
-            scope: "private",
-            server_info: ServerInfo::of(&json!({"serverInfo": {"name":"legacy"}})),
             log_level: crate::protocol::log_rank("info"),
+            ..mapping(json!("c1"), "tools/list", info)
         };
         let Translated::Forward(out) =
             from_legacy(br#"{"jsonrpc":"2.0","id":42,"result":{"tools":[]}}"#, &m)
