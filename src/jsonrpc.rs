@@ -262,6 +262,11 @@ impl<'a> At<'a> {
         self.json.as_bytes().get(self.start) == Some(&b'{')
     }
 
+    /// Whether the value is an array (its first byte, as [`At::is_object`]).
+    pub fn is_array(&self) -> bool {
+        self.json.as_bytes().get(self.start) == Some(&b'[')
+    }
+
     /// The value read whole, unlooked-at; `None` when it is not valid JSON.
     pub fn skip(self) -> Option<Read<'a>> {
         let end = skip_value(self.json.as_bytes(), self.start)?;
@@ -280,6 +285,31 @@ impl<'a> At<'a> {
         let end = scan_object(self.json, self.start, visit)?;
         Some(Read {
             raw: Raw(self.json.get(self.start..end)?),
+            end,
+        })
+    }
+
+    /// The value read as an array, each element's place handed to `visit` (which must read it,
+    /// as [`scan_members`]' visitor reads a member's value); `None` when it is not a valid array.
+    pub fn elements(self, mut visit: impl FnMut(At<'a>) -> Option<Read<'a>>) -> Option<Read<'a>> {
+        let (json, b) = (self.json, self.json.as_bytes());
+        if b.get(self.start) != Some(&b'[') {
+            return None;
+        }
+        let mut i = skip_ws(b, self.start + 1);
+        if b.get(i) != Some(&b']') {
+            loop {
+                i = skip_ws(b, visit(At { json, start: i })?.end);
+                match b.get(i) {
+                    Some(b',') => i = skip_ws(b, i + 1),
+                    Some(b']') => break,
+                    _ => return None,
+                }
+            }
+        }
+        let end = i + 1;
+        Some(Read {
+            raw: Raw(json.get(self.start..end)?),
             end,
         })
     }

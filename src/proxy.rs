@@ -28,6 +28,7 @@ use crate::protocol::{self, first_byte};
 use crate::router::Route;
 use crate::state::State;
 use crate::step::{self, Answer, Exposure, Message, RequestCtx, StepRequest};
+use crate::upstream::AnswerCheck;
 use crate::upstream::http::is_event_stream;
 
 /// Entry point for every HTTP request on the client listener, and for the stdio front end
@@ -212,6 +213,7 @@ async fn modern(
             body: body.clone(),
             exposure: Exposure::DIRECT,
             deadline,
+            check: AnswerCheck::Upstream,
         };
         match step::step(state, ctx, backend, &req).await? {
             Answer::Relayed(resp) => return Ok(*resp),
@@ -238,6 +240,7 @@ async fn modern(
         &env,
         body,
         deadline,
+        AnswerCheck::Upstream,
     ))
     .await?;
     let reply = match (&env.id, listen) {

@@ -18,7 +18,7 @@ use crate::merge::{self, ListAnswer, ListKind};
 use crate::protocol;
 use crate::resilience::BreakerState;
 use crate::step::{self, RequestCtx};
-use crate::upstream::Reply;
+use crate::upstream::{AnswerCheck, Reply};
 
 /// One merged list page: the first (no cursor) or the one a cursor points at. With the cache
 /// on, the whole merged answer is cached as bytes and a hit is spliced with the caller's id like
@@ -154,23 +154,38 @@ async fn page(
             .collect(),
     };
     let method = kind.method();
-    let answers = fan_out(req, method, targets).await;
+    // Each answer is read whole once, by `read_list_answer`, not first by the upstream too —
+    // unless the cache is on: each member's answer then goes through the cache, which stores
+    // (and serves others) only what the upstream checked, and the step records the breaker.
+    let check = if req.core.cache.enabled() {
+        AnswerCheck::Upstream
+    } else {
+        AnswerCheck::Caller
+    };
+    let answers = fan_out(req, method, targets, check).await;
     let mut parts = Vec::with_capacity(answers.len());
     let mut degraded = false;
     for (i, answer) in &answers {
         let backend = &ep.namings[*i].backend;
         let failure = match answer {
-            Ok(message) => match merge::read_list_answer(kind, *i, message) {
-                ListAnswer::Page(page) => {
-                    parts.push(page);
-                    continue;
+            Ok(message) => {
+                let read = merge::read_list_answer(kind, *i, message);
+                if check == AnswerCheck::Caller {
+                    let breaker = &ep.members[*i].backend.resilience;
+                    breaker.record(!matches!(read, ListAnswer::Neither));
                 }
-                ListAnswer::Error(e) => match error_failure(backend, method, &e) {
-                    None => continue,
-                    Some(f) => f,
-                },
-                ListAnswer::Neither => neither(backend),
-            },
+                match read {
+                    ListAnswer::Page(page) => {
+                        parts.push(page);
+                        continue;
+                    }
+                    ListAnswer::Error(e) => match error_failure(backend, method, &e) {
+                        None => continue,
+                        Some(f) => f,
+                    },
+                    ListAnswer::Neither => neither(backend),
+                }
+            }
             Err(e) => e.clone(),
         };
         left_out(req, *i, method, failure, &mut degraded)?;

@@ -53,7 +53,7 @@ use crate::jsonrpc::{Members, parse_members, write_str};
 use crate::merge::{self, ListKind, Naming};
 use crate::protocol::{self, Envelope, Kind, SUPPORTED_VERSIONS, code, header as h, meta};
 use crate::step::{self, Core, Exposure, RequestCtx};
-use crate::upstream::Reply;
+use crate::upstream::{AnswerCheck, Reply};
 
 /// Entries the name and URI indexes hold at most per endpoint; a member listing more than this
 /// still works for prefixed names, the rest fall back to re-walking the lists.
@@ -444,7 +444,7 @@ type Answer = Result<Bytes, GatewayError>;
 
 /// Sends one request to one member through the per-backend step and reads its final message,
 /// all within the member's own timeout.
-async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Answer {
+async fn part(req: &Req<'_>, member: usize, body: Bytes, check: AnswerCheck) -> Answer {
     let b = &req.ep.members[member].backend;
     let deadline = Instant::now() + b.timeout;
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
@@ -454,10 +454,15 @@ async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Answer {
     let exposure = req.ep.exposure(member);
     let work = async {
         let reply = step::call(
-            req.core, &mut ctx, b, exposure, &headers, &env, body, deadline,
+            req.core, &mut ctx, b, exposure, &headers, &env, body, deadline, check,
         )
-        .await?;
-        reply.final_message(&b.name, b.cfg.timeout_ms).await
+        .await;
+        if check == AnswerCheck::Caller && reply.is_err() {
+            // The step left the breaker to us (`AnswerCheck::Caller`); an answer is counted
+            // once the caller has read it (`lists::page`).
+            b.resilience.record_result(&reply);
+        }
+        reply?.final_message(&b.name, b.cfg.timeout_ms).await
     };
     tokio::time::timeout_at(deadline, work)
         .await
@@ -468,11 +473,14 @@ async fn part(req: &Req<'_>, member: usize, body: Bytes) -> Answer {
 }
 
 /// Sends one request to each of `targets` in parallel; the answers in target order. Members the
-/// caller's team may not use are not asked, and their absence is no failure.
+/// caller's team may not use are not asked, and their absence is no failure. With
+/// `AnswerCheck::Caller` the caller reads each answer whole and records it on the member's
+/// breaker.
 async fn fan_out(
     req: &Req<'_>,
     method: &str,
     targets: Vec<(usize, Map<String, Value>)>,
+    check: AnswerCheck,
 ) -> Vec<(usize, Answer)> {
     let ep = req.ep;
     let calls = targets
@@ -480,7 +488,7 @@ async fn fan_out(
         .filter(|(i, _)| step::may_use(&req.ctx, &ep.members[*i].backend).is_ok())
         .map(|(i, params)| {
             let body = req.part_body(method, params);
-            async move { (i, part(req, i, body).await) }
+            async move { (i, part(req, i, body, check).await) }
         });
     futures_util::future::join_all(calls).await
 }
@@ -504,7 +512,9 @@ fn error_failure(backend: &str, method: &str, e: &Value) -> Option<GatewayError>
 fn neither(backend: &str) -> GatewayError {
     GatewayError::BackendFailed {
         backend: backend.to_string(),
-        detail: "the answer holds neither a result nor an error".into(),
+        // Not valid JSON, no result object or error, a `method`, a member given twice: the
+        // fan-out leaves the whole reading of a list answer to `merge::read_list_answer`.
+        detail: "the answer is not a valid JSON-RPC response with a result or an error".into(),
     }
 }
 
@@ -544,7 +554,7 @@ async fn discover(req: &Req<'_>) -> Result<Reply, GatewayError> {
     let targets = (0..req.ep.members.len()).map(|i| (i, Map::new())).collect();
     let mut parts = Vec::new();
     let mut degraded = false;
-    for (i, answer) in fan_out(req, METHOD, targets).await {
+    for (i, answer) in fan_out(req, METHOD, targets, AnswerCheck::Upstream).await {
         let backend = &req.ep.namings[i].backend;
         let failure = match answer.map(|m| serde_json::from_slice::<Message>(&m)) {
             Ok(Ok(Message {
@@ -645,7 +655,18 @@ async fn forward(
     let headers = part_headers(req.headers);
     let deadline = deadline.min(Instant::now() + b.timeout);
     let exposure = req.ep.exposure(member);
-    step::call(req.core, ctx, b, exposure, &headers, &env, body, deadline).await
+    step::call(
+        req.core,
+        ctx,
+        b,
+        exposure,
+        &headers,
+        &env,
+        body,
+        deadline,
+        AnswerCheck::Upstream,
+    )
+    .await
 }
 
 /// Finds the member serving a resource URI (see the module doc for the fallback order).

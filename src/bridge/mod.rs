@@ -83,7 +83,7 @@ use crate::backend::{Backend, LegacySession};
 use crate::error::GatewayError;
 use crate::protocol::{RequestId, SUPPORTED_VERSIONS, header as h, meta};
 use crate::upstream::stdio::CallOptions;
-use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
+use crate::upstream::{AnswerCheck, MessageStream, Reply, Upstream, UpstreamError};
 
 fn hv(s: &'static str) -> HeaderValue {
     HeaderValue::from_static(s)
@@ -371,7 +371,14 @@ async fn send_raw(
                 }
             }
             extra.extend_from_slice(team);
-            up.post(&HeaderMap::new(), &extra, body, deadline).await
+            up.post(
+                &HeaderMap::new(),
+                &extra,
+                body,
+                deadline,
+                AnswerCheck::Upstream,
+            )
+            .await
         }
         Upstream::Stdio(_) => {
             let Some(st) = stdio_of(b, s.child.as_ref()) else {

@@ -31,7 +31,7 @@ use crate::bridge::{self, Bridged};
 use crate::config::TeamConfig;
 use crate::protocol::{self, LATEST_VERSION, meta};
 pub use crate::stats::{Catalogue, Listing, Tool};
-use crate::upstream::Outgoing;
+use crate::upstream::{AnswerCheck, Outgoing};
 
 /// A catalogue is fetched again once it is this old (and someone is looking).
 pub const REFRESH: Duration = Duration::from_secs(30);
@@ -255,6 +255,7 @@ async fn list_page(
                     client_headers: &none,
                     extra,
                     deadline,
+                    check: AnswerCheck::Upstream,
                 })
                 .await
                 .map_err(|e| e.to_string())?

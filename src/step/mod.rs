@@ -41,7 +41,7 @@ use crate::protocol::{self, Envelope, Kind, LATEST_VERSION, RequestId, header as
 use crate::resilience;
 use crate::session::Sessions;
 use crate::telemetry::{TRACEPARENT, Trace};
-use crate::upstream::{MessageStream, Outgoing, Reply, Upstream, UpstreamError};
+use crate::upstream::{AnswerCheck, MessageStream, Outgoing, Reply, Upstream, UpstreamError};
 use serde_json::Value;
 
 /// What a request needs of its config generation besides the routes: the parts the
@@ -231,6 +231,10 @@ pub struct StepRequest<'a> {
     pub body: Bytes,
     pub exposure: Exposure<'a>,
     pub deadline: Instant,
+    /// Who checks a modern backend's JSON answer (and then records the outcome on the
+    /// backend's breaker): the upstream, or the caller that reads it whole anyway. A cached
+    /// fetch is always checked by the upstream, since what it stores is served to others.
+    pub check: AnswerCheck,
 }
 
 /// What the step produced.
@@ -418,6 +422,7 @@ pub async fn call(
     env: &Envelope,
     body: Bytes,
     deadline: Instant,
+    check: AnswerCheck,
 ) -> Result<Reply, GatewayError> {
     let req = StepRequest {
         headers,
@@ -425,6 +430,7 @@ pub async fn call(
         body,
         exposure,
         deadline,
+        check,
     };
     match step(core, ctx, backend, &req).await? {
         Answer::Reply(r) => Ok(*r),
@@ -641,7 +647,9 @@ async fn answer(
                 call_backend(ctx, None, backend, req, env, &params).await
             };
             ctx.upstream_since(sent);
-            backend.resilience.record_result(&reply);
+            if req.check == AnswerCheck::Upstream {
+                backend.resilience.record_result(&reply);
+            }
             if let Ok(Reply {
                 messages: MessageStream::One(answer),
                 ..
@@ -823,6 +831,11 @@ async fn cached(
     let upstream_us = std::sync::atomic::AtomicU64::new(u64::MAX);
     let shared: &RequestCtx = ctx;
     let keyed = cache_keyed(env, req.headers);
+    let req = &StepRequest {
+        body: req.body.clone(),
+        check: AnswerCheck::Upstream,
+        ..*req
+    };
     let served = core
         .cache
         .get_or_fetch(&key, &partition, id, env.is_retry || !keyed, || async {
@@ -910,6 +923,7 @@ async fn forward(
                     client_headers: req.headers,
                     extra: extra.clone(),
                     deadline: req.deadline,
+                    check: req.check,
                 })
             })
             .await
@@ -938,6 +952,7 @@ async fn forward_traced(
             client_headers: req.headers,
             extra,
             deadline: req.deadline,
+            check: req.check,
         });
         async move {
             let r = call.await;

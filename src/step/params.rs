@@ -14,7 +14,7 @@ use crate::backend::{Backend, Verdict};
 use crate::bridge;
 use crate::frontend::Era;
 use crate::protocol::{self, Envelope, header as h};
-use crate::upstream::Upstream;
+use crate::upstream::{AnswerCheck, Upstream};
 
 /// Tool lists read to find one tool's annotations ([`param_headers`]); past this, no headers.
 const MAX_TOOL_PAGES: usize = 16;
@@ -144,6 +144,7 @@ fn fetch_tools<'a>(
                 body: body.clone(),
                 exposure: req.exposure,
                 deadline: req.deadline,
+                check: AnswerCheck::Upstream,
             };
             // Its own context: the call's access-log line keeps the call's cache outcome.
             let mut sub_ctx = ctx.clone();

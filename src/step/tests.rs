@@ -80,7 +80,18 @@ async fn run(
     let env = parse_envelope(&body).expect("envelope");
     let headers = HeaderMap::new();
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    call(core, ctx, b, exposure, &headers, &env, body, deadline).await
+    call(
+        core,
+        ctx,
+        b,
+        exposure,
+        &headers,
+        &env,
+        body,
+        deadline,
+        AnswerCheck::Upstream,
+    )
+    .await
 }
 
 const DEMO: &str = r#"
@@ -224,6 +235,7 @@ async fn team_policies_judge_the_names_the_client_sees() {
         &env,
         body.clone(),
         deadline,
+        AnswerCheck::Upstream,
     )
     .await
     .err()
@@ -333,6 +345,7 @@ builtin = "demo"
         body: call_body("echo"),
         exposure: Exposure::DIRECT,
         deadline: Instant::now() + std::time::Duration::from_secs(1),
+        check: AnswerCheck::Upstream,
     };
     let mut ctx = RequestCtx {
         rate_charged: true,

@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use super::h1::{self, H1Body};
-use super::{CallClock, MessageStream, Reply, UpstreamError};
+use super::{AnswerCheck, CallClock, MessageStream, Reply, UpstreamError};
 use crate::config::BackendConfig;
 use crate::error::{BodyError, GatewayError};
 use crate::protocol::sniff_id;
@@ -442,7 +442,8 @@ impl HttpUpstream {
         // Only a POSTed request is owed a response; a GET stream (legacy notifications) is not.
         let request = (req.method() == Method::POST).then(|| req.body().clone());
         let ex = self.exchange(req, deadline).await?;
-        self.answer(ex, request, deadline).await
+        self.answer(ex, request, deadline, AnswerCheck::Upstream)
+            .await
     }
 
     /// [`HttpUpstream::call`] of `request(client_headers, extra, body)`, the message path's
@@ -454,17 +455,20 @@ impl HttpUpstream {
         extra: &[(HeaderName, HeaderValue)],
         body: Bytes,
         deadline: Instant,
+        check: AnswerCheck,
     ) -> Result<Reply, UpstreamError> {
         let ex = self.forward(client_headers, extra, &body, deadline).await?;
-        self.answer(ex, Some(body), deadline).await
+        self.answer(ex, Some(body), deadline, check).await
     }
 
-    /// The message path's reading of an answer (`request`: the POSTed body, which is owed one).
+    /// The message path's reading of an answer (`request`: the POSTed body, which is owed one;
+    /// `check`: whether a JSON answer is checked here or by the caller).
     async fn answer(
         self: &Arc<Self>,
         ex: Exchange,
         request: Option<Bytes>,
         deadline: Instant,
+        check: AnswerCheck,
     ) -> Result<Reply, UpstreamError> {
         let status = ex.response.status();
         let (parts, body) = self.relay(ex, deadline, Bytes::new());
@@ -505,7 +509,7 @@ impl HttpUpstream {
                 messages: MessageStream::Empty,
             });
         }
-        if status.is_success() {
+        if status.is_success() && check == AnswerCheck::Upstream {
             match shape(&bytes) {
                 Ok(true) => {}
                 Ok(false) => {

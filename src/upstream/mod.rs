@@ -160,6 +160,19 @@ impl GatewayError {
     }
 }
 
+/// Who checks that a single JSON answer on the message path is a JSON-RPC response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerCheck {
+    /// The upstream: the answer is read whole (valid JSON, a response, not a request) before
+    /// it is returned, and refused as the backend's protocol error when it is not.
+    Upstream,
+    /// The caller, which reads the whole answer itself, counts what it cannot read as the
+    /// backend's failure, and records the outcome on the backend's breaker: an aggregated
+    /// list's member pages, read in one pass instead of two (`aggregate::lists`). Only a JSON
+    /// answer is left to the caller; an event stream's messages are read as ever.
+    Caller,
+}
+
 /// One request on the message path, already in the form the backend expects.
 pub struct Outgoing<'a> {
     /// The JSON-RPC message to send.
@@ -169,6 +182,7 @@ pub struct Outgoing<'a> {
     /// Headers this message needs (MCP mirrors, session id), set over the forwarded ones.
     pub extra: Vec<(HeaderName, HeaderValue)>,
     pub deadline: Instant,
+    pub check: AnswerCheck,
 }
 
 /// The clock of one streamed answer (README "Configuration reference", `timeout_ms` and
@@ -293,8 +307,14 @@ impl Upstream {
     pub async fn call(&self, out: Outgoing<'_>) -> Result<Reply, UpstreamError> {
         match self {
             Upstream::Http(h) => {
-                h.post(out.client_headers, &out.extra, out.body, out.deadline)
-                    .await
+                h.post(
+                    out.client_headers,
+                    &out.extra,
+                    out.body,
+                    out.deadline,
+                    out.check,
+                )
+                .await
             }
             Upstream::Stdio(s) => s.call(out.body, out.deadline).await,
             Upstream::Builtin(d) => Ok(d.call(&out.body)),

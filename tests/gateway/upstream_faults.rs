@@ -8,6 +8,8 @@ use crate::common::*;
 use crate::upstream_h1::read_request;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -30,6 +32,11 @@ enum Fault {
     TruncatedJson,
     /// 200 with a JSON notification where the response should be.
     NotAResponse,
+    /// 200 with a response whose result is broken deep inside (a trailing comma in an item):
+    /// only a reading of the whole answer finds it.
+    InvalidInsideResult,
+    /// 200 with a response that has two results.
+    TwoResults,
     /// 200 with an empty body to a request.
     Empty200,
     /// An SSE answer that ends cleanly without any event.
@@ -59,6 +66,8 @@ const BACKEND_BOUND: Duration = Duration::from_secs(10);
 
 struct Backend {
     url: String,
+    /// Requests read, on every connection.
+    requests: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -71,12 +80,19 @@ impl Drop for Backend {
 async fn backend(fault: Fault) -> Backend {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counter = requests.clone();
     let task = tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            tokio::spawn(tokio::time::timeout(BACKEND_BOUND, serve(tcp, fault)));
+            let serve = serve(tcp, fault, counter.clone());
+            tokio::spawn(tokio::time::timeout(BACKEND_BOUND, serve));
         }
     });
-    Backend { url, task }
+    Backend {
+        url,
+        requests,
+        task,
+    }
 }
 
 fn chunk(data: &[u8]) -> Vec<u8> {
@@ -96,9 +112,10 @@ fn with_length(body: &[u8]) -> Vec<u8> {
     out
 }
 
-async fn serve(mut tcp: TcpStream, fault: Fault) {
+async fn serve(mut tcp: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) {
     let mut buf = Vec::new();
     while let Some(body) = read_request(&mut tcp, &mut buf).await {
+        requests.fetch_add(1, Ordering::SeqCst);
         let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let id = &req["id"];
         let response = json!({"jsonrpc": "2.0", "id": id, "result": {
@@ -131,6 +148,14 @@ async fn serve(mut tcp: TcpStream, fault: Fault) {
             Fault::InvalidJson => with_length(b"<html><body>oops</body></html>"),
             Fault::TruncatedJson => with_length(&response.as_bytes()[..response.len() - 7]),
             Fault::NotAResponse => with_length(progress.as_bytes()),
+            Fault::InvalidInsideResult => with_length(
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"t",}}]}}}}"#)
+                    .as_bytes(),
+            ),
+            Fault::TwoResults => with_length(
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[]}},"result":{{}}}}"#)
+                    .as_bytes(),
+            ),
             Fault::Empty200 => with_length(b""),
             Fault::SseEmpty => [SSE_HEAD.as_bytes(), b"0\r\n\r\n"].concat(),
             Fault::SseNoResponse => [
@@ -264,6 +289,8 @@ async fn broken_answers_on_the_message_path_are_502_naming_the_backend() {
         (Fault::InvalidJson, "not valid JSON"),
         (Fault::TruncatedJson, "truncated JSON"),
         (Fault::NotAResponse, "not a JSON-RPC response"),
+        (Fault::InvalidInsideResult, "not valid JSON"),
+        (Fault::TwoResults, "not a JSON-RPC message"),
         (Fault::Empty200, "empty"),
         (Fault::SseEmpty, "without a response"),
         (Fault::SseTruncatedEvent, "SSE event is truncated JSON"),
@@ -286,6 +313,88 @@ async fn broken_answers_on_the_message_path_are_502_naming_the_backend() {
             );
         }
         gw.stop().await;
+    }
+}
+
+/// With the cache off an aggregated list reads each member's answer once, whole
+/// (`AnswerCheck::Caller`), instead of the upstream checking it first: whatever the upstream
+/// would have refused is still the member's failure — a 502 naming it (`failure_mode =
+/// "closed"`), the member left out (`"open"`) — and counts on its breaker, which opens after
+/// `breaker_failures` and keeps the member from being asked. With the cache on (the upstream
+/// checks each answer before the cache keeps it) the same holds, in the upstream's words.
+#[tokio::test]
+async fn broken_list_answers_of_an_aggregate_member_are_its_failure() {
+    let aggregate = |url: &str, mode: &str, cache: bool| {
+        format!(
+            r#"
+[log]
+access = false
+
+[cache]
+enabled = {cache}
+
+[[backends]]
+name = "raw"
+url = "{url}"
+protocol = "modern"
+timeout_ms = 3000
+breaker_failures = 3
+breaker_open_ms = 60000
+
+[[backends]]
+name = "demo"
+builtin = "demo"
+
+[[endpoints]]
+path = "/mcp"
+backends = ["raw", "demo"]
+failure_mode = "{mode}"
+"#
+        )
+    };
+    for (fault, why) in [
+        (Fault::InvalidJson, "not a valid JSON-RPC response"),
+        (Fault::TruncatedJson, "not a valid JSON-RPC response"),
+        (Fault::NotAResponse, "not a valid JSON-RPC response"),
+        (Fault::InvalidInsideResult, "not a valid JSON-RPC response"),
+        (Fault::TwoResults, "not a valid JSON-RPC response"),
+        (Fault::Empty200, "empty"),
+        (Fault::ChunkSizeZzzz, "chunked"),
+    ] {
+        for cache in [false, true] {
+            let case = format!("{fault:?}, cache {cache}");
+            let why = if cache { "" } else { why };
+            let backend = backend(fault).await;
+            let closed = Gateway::start(&aggregate(&backend.url, "closed", cache)).await;
+            let r = mcp(&closed.url("/mcp"), json!(1), "tools/list", json!({})).await;
+            assert_502(&r, "raw", why, &format!("{case}, closed"));
+            closed.stop().await;
+
+            let open = Gateway::start(&aggregate(&backend.url, "open", cache)).await;
+            let asked = backend.requests.load(Ordering::SeqCst);
+            for n in 0..5 {
+                let r = mcp(&open.url("/mcp"), json!(n), "tools/list", json!({})).await;
+                assert_eq!(r.status, 200, "{case}, open: {:?}", r.body);
+                let tools = r.json()["result"]["tools"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(!tools.is_empty(), "{case}: the demo member's tools");
+                assert!(
+                    tools
+                        .iter()
+                        .all(|t| !t["name"].as_str().unwrap().starts_with("raw")),
+                    "{case}: {tools:?}"
+                );
+                assert_eq!(r.json()["result"]["ttlMs"], 0, "{case}: a partial list");
+            }
+            assert_eq!(
+                backend.requests.load(Ordering::SeqCst) - asked,
+                3,
+                "{case}: the breaker opens after 3 failures and the member is not asked again"
+            );
+            open.stop().await;
+        }
     }
 }
 
