@@ -37,7 +37,6 @@ use lists::{list, walk};
 
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
-use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -359,20 +358,23 @@ struct Req<'a> {
 /// context — everything but the progress token, which belongs to the client's own request
 /// (lists do not report progress). Cut from the body's text: nothing else is parsed.
 fn part_meta(body: &[u8], has_progress_token: bool) -> String {
-    #[derive(serde::Deserialize)]
-    struct Message<'a> {
-        #[serde(borrow, default)]
-        params: Option<Params<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Params<'a> {
-        #[serde(borrow, rename = "_meta", default)]
-        meta: Option<&'a RawValue>,
-    }
-    let meta = serde_json::from_slice::<Message>(body)
-        .ok()
-        .and_then(|m| m.params?.meta)
-        .map_or("{}", RawValue::get);
+    // The body was judged whole (`protocol::parse_envelope`): no member is repeated.
+    let mut meta = None;
+    let _ = std::str::from_utf8(body).ok().and_then(|text| {
+        crate::jsonrpc::scan_members(text, |name, at| {
+            if name != "params" || !at.is_object() {
+                return at.skip();
+            }
+            at.members(|name, at| {
+                let read = at.skip()?;
+                if name == "_meta" {
+                    meta = Some(read.raw().get()).filter(|m| *m != "null");
+                }
+                Some(read)
+            })
+        })
+    });
+    let meta = meta.unwrap_or("{}");
     if !has_progress_token {
         return meta.to_string();
     }
@@ -444,17 +446,22 @@ type Answer = Result<Bytes, GatewayError>;
 
 /// Sends one request to one member through the per-backend step and reads its final message,
 /// all within the member's own timeout.
-async fn part(req: &Req<'_>, member: usize, body: Bytes, check: AnswerCheck) -> Answer {
+async fn part(
+    req: &Req<'_>,
+    headers: &HeaderMap,
+    member: usize,
+    body: Bytes,
+    check: AnswerCheck,
+) -> Answer {
     let b = &req.ep.members[member].backend;
     let deadline = Instant::now() + b.timeout;
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
-    let headers = part_headers(req.headers);
     // Each part gets its own copy of the context: parts run concurrently.
     let mut ctx = req.ctx.clone();
     let exposure = req.ep.exposure(member);
     let work = async {
         let reply = step::call(
-            req.core, &mut ctx, b, exposure, &headers, &env, body, deadline, check,
+            req.core, &mut ctx, b, exposure, headers, &env, body, deadline, check,
         )
         .await;
         if check == AnswerCheck::Caller && reply.is_err() {
@@ -483,12 +490,14 @@ async fn fan_out(
     check: AnswerCheck,
 ) -> Vec<(usize, Answer)> {
     let ep = req.ep;
+    // One copy of the client's headers for every part (the step reads them, never changes them).
+    let headers = &part_headers(req.headers);
     let calls = targets
         .into_iter()
         .filter(|(i, _)| step::may_use(&req.ctx, &ep.members[*i].backend).is_ok())
         .map(|(i, params)| {
             let body = req.part_body(method, params);
-            async move { (i, part(req, i, body, check).await) }
+            async move { (i, part(req, headers, i, body, check).await) }
         });
     futures_util::future::join_all(calls).await
 }
