@@ -407,6 +407,7 @@ fn key_text(json: &str, start: usize, end: usize, escaped: bool) -> Option<Key<'
 
 /// The end of the string whose opening quote is at `i` (no control characters, valid escapes),
 /// and whether it holds an escape. (`b` is a `str`'s bytes, so the text is valid UTF-8 already.)
+#[inline(always)]
 fn skip_string(b: &[u8], mut i: usize) -> Option<(usize, bool)> {
     const ONES: u64 = u64::from_le_bytes([1; 8]);
     const HIGH: u64 = u64::from_le_bytes([0x80; 8]);

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::config::ToolFilter;
-use crate::jsonrpc::{Members, write_str};
+use crate::jsonrpc::{Members, write_key, write_str};
 
 /// How one member's names appear on the endpoint.
 #[derive(Debug, Clone)]
@@ -593,7 +593,8 @@ fn write_item(
         if i > 0 {
             out.push(b',');
         }
-        write_str(out, field);
+        // A name as read (no escape to redo), a rewritten name escaped as it is written.
+        write_key(out, field);
         out.push(b':');
         match rename {
             Some(name) if field == key => write_str(out, name),
