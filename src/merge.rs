@@ -118,6 +118,8 @@ pub struct PartPage<'a> {
     pub next: Option<String>,
     /// The items, each an object's members as raw text (`None`: not an object).
     pub items: Vec<Option<Members<'a>>>,
+    /// The length of the list's JSON text: what the merge reserves for it.
+    pub text_len: usize,
 }
 
 /// What a member answered to a list request.
@@ -233,6 +235,7 @@ fn read_page<'a>(
                 Some(read)
             })?;
             page.items = items;
+            page.text_len = read.raw().get().len();
             Some(read)
         }
         _ => at.skip(),
@@ -261,7 +264,11 @@ pub fn list_answers_agree(kind: ListKind, message: &[u8]) -> bool {
     if nesting(message) > 120 {
         return false;
     }
-    let ours = format!("{:?}", read_list_answer(kind, 0, message));
+    let mut ours = read_list_answer(kind, 0, message);
+    if let ListAnswer::Page(page) = &mut ours {
+        page.text_len = 0; // serde's reading does not measure the list
+    }
+    let ours = format!("{ours:?}");
     let serde = format!("{:?}", read_list_answer_by_serde(kind, 0, message));
     assert_eq!(
         ours,
@@ -520,6 +527,18 @@ pub fn merge_list(
         ttl_ms: u64::MAX,
         ..Merged::default()
     };
+    // The parts' lists as they were written, and room for the renames: the merged array is
+    // written without growing (callgrind: six reallocations of a 6 KB merge otherwise).
+    let room: usize = parts
+        .iter()
+        .map(|p| {
+            let prefix = members
+                .get(p.member)
+                .map_or(0, |n| n.prefix.len() + sep.len());
+            p.text_len + prefix * p.items.len()
+        })
+        .sum();
+    out.items.reserve(room + 2);
     out.items.push(b'[');
     // A seeded fast hash, not SipHash: the names are the members' own, and a merge hashes
     // every item of every part (callgrind: SipHash was ~4 % of an uncached aggregated list).
