@@ -289,6 +289,18 @@ impl<'a> At<'a> {
         })
     }
 
+    /// The value read as an object, its members kept as raw text ([`parse_members`] in place);
+    /// `None` when it is not a valid object.
+    pub fn member_texts(self) -> Option<(Read<'a>, Members<'a>)> {
+        let mut fields = Vec::with_capacity(8);
+        let read = self.members(|name, at| {
+            let read = at.skip()?;
+            fields.push((name, read.raw()));
+            Some(read)
+        })?;
+        Some((read, Members(fields)))
+    }
+
     /// The value read as an array, each element's place handed to `visit` (which must read it,
     /// as [`scan_members`]' visitor reads a member's value); `None` when it is not a valid array.
     pub fn elements(self, mut visit: impl FnMut(At<'a>) -> Option<Read<'a>>) -> Option<Read<'a>> {

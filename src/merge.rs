@@ -150,37 +150,29 @@ pub fn read_list_answer(kind: ListKind, member: usize, message: &[u8]) -> ListAn
     let (mut page, mut error) = (None, None);
     // As the upstream's check reads a response: a `method` that is not null makes it a
     // request, and `method`, `result` or `error` given twice is no JSON-RPC message.
-    let (mut seen, mut twice, mut method) = ([false; 3], false, false);
-    let read = crate::jsonrpc::scan_members(text, |name, at| match &*name {
-        "method" => {
-            twice |= std::mem::replace(&mut seen[0], true);
-            let read = at.skip()?;
-            method = read.raw().get() != "null";
-            Some(read)
-        }
-        "result" => {
-            twice |= std::mem::replace(&mut seen[1], true);
-            page = None;
-            if !at.is_object() {
-                return at.skip();
-            }
+    let mut members = crate::protocol::ResponseMembers::default();
+    let read = crate::jsonrpc::scan_members(text, |name, at| {
+        let read = if name == "result" && at.is_object() {
             let mut p = PartPage {
                 member,
                 ..PartPage::default()
             };
             let read = read_page(kind, &mut p, at)?;
             page = Some(p);
-            Some(read)
-        }
-        "error" => {
-            twice |= std::mem::replace(&mut seen[2], true);
+            read
+        } else {
             let read = at.skip()?;
-            error = serde_json::from_str::<Value>(read.raw().get()).ok();
-            Some(read)
-        }
-        _ => at.skip(),
+            match &*name {
+                "result" => page = None,
+                "error" => error = serde_json::from_str::<Value>(read.raw().get()).ok(),
+                _ => {}
+            }
+            read
+        };
+        members.note(&name, read.raw().get());
+        Some(read)
     });
-    if twice || method {
+    if members.repeated() || members.has_method() {
         return ListAnswer::Neither;
     }
     match (read, page, error) {
@@ -197,48 +189,33 @@ fn read_page<'a>(
     page: &mut PartPage<'a>,
     at: crate::jsonrpc::At<'a>,
 ) -> Option<crate::jsonrpc::Read<'a>> {
-    at.members(|name, at| match &*name {
-        "ttlMs" => {
-            let read = at.skip()?;
-            page.ttl_ms = ttl_of(read.raw().get());
-            Some(read)
-        }
-        "cacheScope" => {
-            let read = at.skip()?;
-            page.public = read.raw().get() == "\"public\"";
-            Some(read)
-        }
-        "nextCursor" => {
-            let read = at.skip()?;
-            page.next = serde_json::from_str::<String>(read.raw().get()).ok();
-            Some(read)
-        }
-        field if field == kind.field() => {
-            // A list field that is not an array holds no items.
-            page.items = Vec::new();
-            if !at.is_array() {
-                return at.skip();
-            }
+    at.members(|name, at| {
+        if name == kind.field() && at.is_array() {
             let mut items = Vec::with_capacity(16);
             let read = at.elements(|at| {
                 if !at.is_object() {
                     items.push(None);
                     return at.skip();
                 }
-                let mut fields = Vec::with_capacity(8);
-                let read = at.members(|name, at| {
-                    let read = at.skip()?;
-                    fields.push((name, read.raw()));
-                    Some(read)
-                })?;
-                items.push(Some(Members(fields)));
+                let (read, members) = at.member_texts()?;
+                items.push(Some(members));
                 Some(read)
             })?;
             page.items = items;
             page.text_len = read.raw().get().len();
-            Some(read)
+            return Some(read);
         }
-        _ => at.skip(),
+        let read = at.skip()?;
+        let raw = read.raw().get();
+        match &*name {
+            "ttlMs" => page.ttl_ms = ttl_of(raw),
+            "cacheScope" => page.public = raw == "\"public\"",
+            "nextCursor" => page.next = serde_json::from_str::<String>(raw).ok(),
+            // A list field that is not an array holds no items.
+            field if field == kind.field() => page.items = Vec::new(),
+            _ => {}
+        }
+        Some(read)
     })
 }
 

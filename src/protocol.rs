@@ -856,6 +856,46 @@ pub fn input_capability(method: &str) -> Option<&'static str> {
         .map(|(_, c)| *c)
 }
 
+/// The members that make a JSON-RPC message a response — `method`, `result`, `error` — as a
+/// one-pass reader meets them (the upstream's answer check, an aggregated list's reading), read
+/// as serde's derive reads them: a `null` is absent, a name given twice makes no message.
+#[derive(Default)]
+pub struct ResponseMembers {
+    seen: [bool; 3],
+    present: [bool; 3],
+    twice: bool,
+}
+
+impl ResponseMembers {
+    /// Notes one top-level member, `value` its JSON text (other names are not counted).
+    pub fn note(&mut self, name: &str, value: &str) {
+        let i = match name {
+            "method" => 0,
+            "result" => 1,
+            "error" => 2,
+            _ => return,
+        };
+        self.twice |= std::mem::replace(&mut self.seen[i], true);
+        self.present[i] = value != "null";
+    }
+
+    /// `method`, `result` or `error` given twice: no JSON-RPC message.
+    pub fn repeated(&self) -> bool {
+        self.twice
+    }
+
+    /// A `method` that is not null: a request or a notification, not a response.
+    pub fn has_method(&self) -> bool {
+        self.present[0]
+    }
+
+    /// No method, and a result or an error.
+    pub fn is_response(&self) -> bool {
+        let [method, result, error] = self.present;
+        !method && (result || error)
+    }
+}
+
 /// Whether a decoded message is a JSON-RPC response (the end of an answer) rather than a
 /// notification about the request.
 pub fn is_response(msg: &[u8]) -> bool {

@@ -240,7 +240,6 @@ async fn modern(
         &env,
         body,
         deadline,
-        AnswerCheck::Upstream,
     ))
     .await?;
     let reply = match (&env.id, listen) {

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::error::GatewayError;
 use crate::protocol::Envelope;
 use crate::step::{self, Core, Exposure, RequestCtx};
-use crate::upstream::{AnswerCheck, Reply};
+use crate::upstream::Reply;
 
 /// What a path serves.
 #[derive(Clone)]
@@ -101,18 +101,7 @@ pub async fn dispatch(
 ) -> Result<Reply, GatewayError> {
     match route {
         Route::Backend(b) => {
-            step::call(
-                core,
-                ctx,
-                b,
-                Exposure::DIRECT,
-                headers,
-                env,
-                body,
-                deadline,
-                AnswerCheck::Upstream,
-            )
-            .await
+            step::call(core, ctx, b, Exposure::DIRECT, headers, env, body, deadline).await
         }
         Route::Endpoint(ep) => {
             Box::pin(aggregate::answer(

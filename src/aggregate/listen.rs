@@ -30,7 +30,7 @@ use crate::bridge;
 use crate::error::GatewayError;
 use crate::protocol::{self, meta};
 use crate::step;
-use crate::upstream::{AnswerCheck, MessageStream, Reply, UpstreamError, http::async_stream};
+use crate::upstream::{MessageStream, Reply, UpstreamError, http::async_stream};
 
 /// Resource URIs one listen request may subscribe to.
 const MAX_URIS: usize = 256;
@@ -197,15 +197,7 @@ async fn open(
     let exposure = req.ep.exposure(member);
     let deadline = Instant::now() + bridge::LISTEN_LIFETIME;
     let reply = step::call(
-        req.core,
-        &mut ctx,
-        b,
-        exposure,
-        &headers,
-        &env,
-        body,
-        deadline,
-        AnswerCheck::Upstream,
+        req.core, &mut ctx, b, exposure, &headers, &env, body, deadline,
     )
     .await?;
     let failed = |detail: String| GatewayError::BackendFailed {

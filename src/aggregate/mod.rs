@@ -460,7 +460,7 @@ async fn part(
     let mut ctx = req.ctx.clone();
     let exposure = req.ep.exposure(member);
     let work = async {
-        let reply = step::call(
+        let reply = step::call_checked(
             req.core, &mut ctx, b, exposure, headers, &env, body, deadline, check,
         )
         .await;
@@ -664,18 +664,7 @@ async fn forward(
     let headers = part_headers(req.headers);
     let deadline = deadline.min(Instant::now() + b.timeout);
     let exposure = req.ep.exposure(member);
-    step::call(
-        req.core,
-        ctx,
-        b,
-        exposure,
-        &headers,
-        &env,
-        body,
-        deadline,
-        AnswerCheck::Upstream,
-    )
-    .await
+    step::call(req.core, ctx, b, exposure, &headers, &env, body, deadline).await
 }
 
 /// Finds the member serving a resource URI (see the module doc for the fallback order).

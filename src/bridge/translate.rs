@@ -222,12 +222,7 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
     let mut result: Option<(Raw, Vec<(Key, Raw)>)> = None;
     let read = scan_members(text, |name, at| {
         let read = if name == "result" && at.is_object() {
-            let mut fields = Vec::with_capacity(8);
-            let read = at.members(|k, v| {
-                let v = v.skip()?;
-                fields.push((k, v.raw()));
-                Some(v)
-            })?;
+            let (read, Members(fields)) = at.member_texts()?;
             result = Some((read.raw(), fields));
             read
         } else {

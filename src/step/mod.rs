@@ -411,9 +411,37 @@ fn record_exchange(
     crate::stats::record_latency(&backend.stats, at, took, failure.is_none(), failure);
 }
 
-/// [`step`] for a parsed message, when the caller wants decoded messages.
+/// [`step`] for a parsed message, when the caller wants decoded messages; the upstream checks
+/// the answer. (A plain function returning the future, not an `async fn` around it: no second
+/// state machine on the message path.)
 #[allow(clippy::too_many_arguments)]
-pub async fn call(
+pub fn call<'a>(
+    core: &'a Core,
+    ctx: &'a mut RequestCtx,
+    backend: &'a Arc<Backend>,
+    exposure: Exposure<'a>,
+    headers: &'a HeaderMap,
+    env: &'a Envelope,
+    body: Bytes,
+    deadline: Instant,
+) -> impl Future<Output = Result<Reply, GatewayError>> + 'a {
+    call_checked(
+        core,
+        ctx,
+        backend,
+        exposure,
+        headers,
+        env,
+        body,
+        deadline,
+        AnswerCheck::Upstream,
+    )
+}
+
+/// [`call`] with the answer checked by whom `check` says (`AnswerCheck::Caller`: an
+/// aggregated list's parts, read whole by the merge).
+#[allow(clippy::too_many_arguments)]
+pub async fn call_checked(
     core: &Core,
     ctx: &mut RequestCtx,
     backend: &Arc<Backend>,

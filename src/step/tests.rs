@@ -80,18 +80,7 @@ async fn run(
     let env = parse_envelope(&body).expect("envelope");
     let headers = HeaderMap::new();
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    call(
-        core,
-        ctx,
-        b,
-        exposure,
-        &headers,
-        &env,
-        body,
-        deadline,
-        AnswerCheck::Upstream,
-    )
-    .await
+    call(core, ctx, b, exposure, &headers, &env, body, deadline).await
 }
 
 const DEMO: &str = r#"
@@ -235,7 +224,6 @@ async fn team_policies_judge_the_names_the_client_sees() {
         &env,
         body.clone(),
         deadline,
-        AnswerCheck::Upstream,
     )
     .await
     .err()

@@ -585,30 +585,17 @@ async fn collect_bounded(body: &mut RelayBody, limit: usize) -> Result<Bytes, Up
 fn shape(msg: &[u8]) -> Result<bool, &'static str> {
     // The members scanner first (a third of serde's cost here; README "Crates, and what portico
     // writes itself"); serde reads what it refuses, for the words.
-    // As serde's derive reads it: a `null` is absent, a name given twice is refused.
-    let mut seen = [false; 3];
-    let mut present = [false; 3];
-    let mut twice = false;
+    let mut members = crate::protocol::ResponseMembers::default();
     let read = std::str::from_utf8(msg).ok().and_then(|text| {
         crate::jsonrpc::scan_members(text, |name, at| {
             let value = at.skip()?;
-            let i = match name.as_str() {
-                "method" => 0,
-                "result" => 1,
-                "error" => 2,
-                _ => return Some(value),
-            };
-            twice |= std::mem::replace(&mut seen[i], true);
-            present[i] = value.raw().get() != "null";
+            members.note(&name, value.raw().get());
             Some(value)
         })
     });
     match read {
-        Some(()) if twice => Err("is not a JSON-RPC message"),
-        Some(()) => {
-            let [method, result, error] = present;
-            Ok(!method && (result || error))
-        }
+        Some(()) if members.repeated() => Err("is not a JSON-RPC message"),
+        Some(()) => Ok(members.is_response()),
         None => shape_by_serde(msg),
     }
 }
