@@ -382,7 +382,8 @@ pub enum VerifyBody {
     /// Only when a gateway decision depends on it.
     #[default]
     Auto,
-    /// Always: check the mirrored headers against the body before forwarding.
+    /// Always: check the mirrored headers against the body before forwarding; the bytes judged
+    /// then go on, and the answer comes back relayed, as on pass-through.
     Always,
 }
 

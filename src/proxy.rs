@@ -193,9 +193,7 @@ async fn modern(
         Instant::from_std(ctx.start) + backend.timeout
     };
     bridge::ensure_verdict(backend).await?;
-    // A `tools/call` portico wrote itself needs its `Mcp-Param-*` headers built (message path).
     if let Some(method) = mh.method
-        && !(ctx.built_by_portico && method == "tools/call")
         && step::can_pass_through(state, ctx, backend, &mh)
     {
         // Cheap checks that need no parse: one object per POST.
@@ -230,6 +228,27 @@ async fn modern(
         ctx.method = Some(env.method.clone());
     }
     frontend::verify_modern(&head, &mh, &env)?;
+    // Judged: when nothing else portico does depends on the body, the bytes just judged go
+    // as a pass-through's do and the answer is relayed (`verify_body = "always"`, a policy).
+    if step::can_relay(state, ctx, backend, &mh, &env) {
+        let req = StepRequest {
+            headers,
+            message: Message::Judged(&env),
+            body: body.clone(),
+            exposure: Exposure::DIRECT,
+            deadline,
+            check: AnswerCheck::Upstream,
+        };
+        match step::step(state, ctx, backend, &req).await? {
+            Answer::Relayed(resp) => return Ok(*resp),
+            // The backend turned out initialize-era: served below, through the bridge.
+            Answer::Reprobed => {}
+            Answer::Reply(reply) => {
+                let id = env.id.as_ref();
+                return Ok(render(*reply, id, &backend.name, backend.cfg.timeout_ms).await);
+            }
+        }
+    }
     // Boxed: the cache and bridge futures are large (see `step::step`).
     let reply = Box::pin(step::call(
         state,

@@ -119,9 +119,10 @@ impl Drop for Rss {
 enum Endless {
     /// `content-length: 1073741824` (1 GiB) and JSON-ish bytes until stopped.
     GibLength,
-    /// A chunked JSON answer that never ends.
+    /// A chunked JSON answer that never ends (a `tools/list` is answered at once).
     Chunked,
-    /// A chunked SSE answer: progress notifications, one after another, and never a response.
+    /// A chunked SSE answer: progress notifications, one after another, and never a response
+    /// (a `tools/list` is answered at once).
     Notifications,
     /// An initialize-era server: `initialize` and `notifications/initialized` answered, then
     /// an endless chunked answer to anything else.
@@ -256,6 +257,22 @@ fn serve(mut tcp: TcpStream, mode: Endless, stop: &AtomicBool, seen: &Seen, star
             }
             continue;
         }
+        // The list portico looks a tool up in, to build the `Mcp-Param-*` headers of a call
+        // it writes (an endpoint's member): answered at once, so the call is what is endless.
+        if matches!(mode, Endless::Chunked | Endless::Notifications) && method == "tools/list" {
+            let body = json!({"jsonrpc": "2.0", "id": req["id"], "result": {
+                "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
+                "resultType": "complete", "ttlMs": 60000, "cacheScope": "public"}})
+            .to_string();
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            if tcp.write_all(format!("{head}{body}").as_bytes()).is_err() {
+                return;
+            }
+            continue;
+        }
         if req["id"].is_null() {
             if tcp
                 .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n")
@@ -317,13 +334,13 @@ fn config(url: &str) -> String {
 [log]
 access = false
 
-# The message path: verify_body makes a tools/call one (tools/list is one through the cache).
-# A long timeout, so the bound is what ends these answers, not the deadline.
+# The message path: a tools/call through the endpoint /held (portico writes the member's
+# body and reads its answer), a tools/list through the cache. A long timeout, so the bound is
+# what ends these answers, not the deadline.
 [[backends]]
 name = "held"
 url = "{url}"
 protocol = "modern"
-verify_body = "always"
 timeout_ms = 60000
 
 # The same, bridged to an initialize-era server.
@@ -346,9 +363,16 @@ timeout_ms = 1500
 name = "streamed"
 url = "{url}"
 protocol = "modern"
-verify_body = "always"
 timeout_ms = 1500
 max_call_ms = 1500
+
+[[endpoints]]
+path = "/held"
+backends = ["held"]
+
+[[endpoints]]
+path = "/streamed"
+backends = ["streamed"]
 "#
     )
 }
@@ -377,7 +401,7 @@ fn assert_502(r: &Resp, backend: &str, why: &str) {
 }
 
 /// A message-path answer held by portico: a 1 GiB answer (cacheable `tools/list`) and an
-/// endless one (`verify_body = "always"`) end in 502 naming the backend once they pass
+/// endless one (a `tools/call` through an aggregated endpoint) end in 502 naming the backend once they pass
 /// `max_answer_bytes`; memory stays bounded; the connection is closed, not pooled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_answers_past_the_bound_are_502_and_memory_stays_bounded() {
@@ -389,12 +413,12 @@ async fn held_answers_past_the_bound_are_502_and_memory_stays_bounded() {
         let backend = backend(mode);
         let gw = Gateway::start(&config(&backend.url)).await;
         let rss = Rss::watch(&backend);
-        let params = if method == "tools/call" {
-            json!({"name": "t", "arguments": {}})
+        let (path, params) = if method == "tools/call" {
+            ("/held", json!({"name": "held__t", "arguments": {}}))
         } else {
-            json!({})
+            ("/mcp/held", json!({}))
         };
-        let r = mcp(&gw.url("/mcp/held"), json!(1), method, params.clone()).await;
+        let r = mcp(&gw.url(path), json!(1), method, params.clone()).await;
         rss.check(&format!("{method}, {}", describe(mode)));
         assert_502(&r, "held", "max_answer_bytes");
         // The connection was dropped mid-answer (the backend's write failed), so the next
@@ -403,9 +427,14 @@ async fn held_answers_past_the_bound_are_502_and_memory_stays_bounded() {
             backend.seen.dropped_by_peer.load(Ordering::SeqCst) >= 1
         })
         .await;
-        let r = mcp(&gw.url("/mcp/held"), json!(2), method, params).await;
+        let r = mcp(&gw.url(path), json!(2), method, params).await;
         assert_502(&r, "held", "max_answer_bytes");
-        assert_eq!(backend.seen.accepted.load(Ordering::SeqCst), 2);
+        // ... and that one was dropped mid-answer too. (A `tools/call` to an endpoint's member
+        // also asks for the member's tool list, which may have a connection of its own.)
+        eventually("the gateway closed the second connection", || {
+            backend.seen.dropped_by_peer.load(Ordering::SeqCst) >= 2
+        })
+        .await;
         gw.stop().await;
     }
 }
@@ -502,12 +531,12 @@ async fn endless_notifications_are_cut_at_the_deadline() {
     let body = modern_body(
         json!(7),
         "tools/call",
-        json!({"name": "t", "arguments": {}}),
+        json!({"name": "streamed__t", "arguments": {}}),
     );
     let resp = send_stream(
         "POST",
-        &gw.url("/mcp/streamed"),
-        &modern_headers("tools/call", Some("t")),
+        &gw.url("/streamed"),
+        &modern_headers("tools/call", Some("streamed__t")),
         body,
     )
     .await;

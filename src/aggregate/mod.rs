@@ -271,10 +271,14 @@ pub async fn serve(
     frontend::verify_modern(&head, &mh, &env)?;
     let deadline = Instant::now() + ep.timeout;
     let reply = answer(core, ctx, ep, headers, &env, body, deadline).await?;
+    // A stream that breaks is blamed on the member it came from (a routed call); a merged
+    // answer is the endpoint's own.
+    let from = ctx.backend.clone();
+    let blamed = from.as_deref().unwrap_or(&ep.path);
     Ok(render(
         reply,
         env.id.as_ref(),
-        &ep.path,
+        blamed,
         ep.timeout.as_millis() as u64,
     )
     .await)

@@ -221,6 +221,10 @@ pub enum Message<'a> {
     },
     /// A parsed message; the body is its exact bytes.
     Parsed(&'a Envelope),
+    /// A parsed message the caller has judged (its headers agree with it; see [`can_relay`]):
+    /// after the admission checks, its exact bytes are forwarded and the answer relayed like a
+    /// pass-through's, since nothing after the judgement depends on the body.
+    Judged(&'a Envelope),
 }
 
 /// One request for one backend.
@@ -269,7 +273,11 @@ pub async fn step(
             // 6. cache, 7. forward or bridge
             let answer = match req.message {
                 Message::Unread { method, .. } => pass_through(ctx, backend, req, method).await,
-                Message::Parsed(env) => {
+                // A policy filters a list's answer: that one is read (`can_relay` never asks).
+                Message::Judged(env) if policy.is_none() || env.method != "tools/list" => {
+                    pass_through(ctx, backend, req, &env.method).await
+                }
+                Message::Parsed(env) | Message::Judged(env) => {
                     // Boxed: the cache and bridge futures are large, and inline they would set
                     // the size (and the cost of every move) of the pass-through path's state too.
                     Box::pin(answer(core, ctx, backend, req, env))
@@ -311,7 +319,7 @@ pub async fn step(
 /// routing is safe"). Only a label: `stats::tools` keeps it to names the backend listed.
 fn called_tool(message: Message<'_>) -> Option<&str> {
     match message {
-        Message::Parsed(env) if env.method == "tools/call" => {
+        Message::Parsed(env) | Message::Judged(env) if env.method == "tools/call" => {
             Some(env.name.as_deref().unwrap_or(""))
         }
         Message::Unread {
@@ -359,7 +367,7 @@ fn admit<'c>(
                     "a request under a tool policy must be read".into(),
                 ));
             }
-            Message::Parsed(env) if env.method == "tools/call" => {
+            Message::Parsed(env) | Message::Judged(env) if env.method == "tools/call" => {
                 // A name that is not a string is no name a glob can vouch for; another reader
                 // might still turn it into one (`7` → `"7"`).
                 let Some(name) = env.name.as_deref() else {
@@ -374,7 +382,7 @@ fn admit<'c>(
                     )));
                 }
             }
-            Message::Parsed(_) => {}
+            Message::Parsed(_) | Message::Judged(_) => {}
         }
     }
     // 4. max_concurrent, 5. circuit breaker
@@ -495,32 +503,65 @@ pub fn charge(core: &Core, ctx: &mut RequestCtx) -> Result<(), GatewayError> {
 /// speak 2026-07-28 over HTTP validates the headers itself.
 ///
 /// Never passed through, because a decision then depends on the body:
-/// - a cacheable method while the cache is on (the key comes from the body, and the body must
-///   agree with the headers before an entry is served or stored);
-/// - a caller under a tool policy (checked against the parsed body, never the headers alone);
-/// - `verify_body = "always"`, an unknown protocol version, a backend of another kind or era;
-/// - `server/discover`, whose `supportedVersions` portico rewrites to its own;
-/// - `subscriptions/listen`, whose notifications get the client's `subscriptionId` and whose
-///   stream is counted while open.
+/// - `verify_body = "always"` and a caller under a tool policy (checked against the parsed
+///   body, never the headers alone): read, judged, then relayed ([`can_relay`]);
+/// - everything [`relayable`] refuses.
 pub fn can_pass_through(
     core: &Core,
     ctx: &RequestCtx,
     backend: &Backend,
     mh: &ModernHead<'_>,
 ) -> bool {
+    backend.cfg.verify_body == VerifyBody::Auto
+        && core.auth.policy(ctx.principal.as_deref()).is_none()
+        && mh
+            .method
+            .is_some_and(|m| relayable(core, ctx, backend, mh, m))
+}
+
+/// Whether a request read and judged by the caller (its headers checked against its body,
+/// under `verify_body = "always"` or a tool policy) may go as a pass-through goes: its exact
+/// bytes forwarded, the answer relayed unread ([`Message::Judged`]). The judgement is all the
+/// body decides then; a `tools/list` under a policy is still read, since its answer is
+/// filtered.
+pub fn can_relay(
+    core: &Core,
+    ctx: &RequestCtx,
+    backend: &Backend,
+    mh: &ModernHead<'_>,
+    env: &Envelope,
+) -> bool {
+    relayable(core, ctx, backend, mh, &env.method)
+        && (env.method != "tools/list" || core.auth.policy(ctx.principal.as_deref()).is_none())
+}
+
+/// What both [`can_pass_through`] and [`can_relay`] need: a 2026-07-28 client's request whose
+/// answer portico passes on as the backend wrote it. Never, because portico then writes or
+/// reads the exchange:
+/// - an unknown protocol version, a backend of another kind or era;
+/// - a cacheable method while the cache is on (the key comes from the body, and the body must
+///   agree with the headers before an entry is served or stored);
+/// - `server/discover`, whose `supportedVersions` portico rewrites to its own;
+/// - `subscriptions/listen`, whose notifications get the client's `subscriptionId` and whose
+///   stream is counted while open;
+/// - a `tools/call` portico wrote itself, which needs its `Mcp-Param-*` headers built.
+fn relayable(
+    core: &Core,
+    ctx: &RequestCtx,
+    backend: &Backend,
+    mh: &ModernHead<'_>,
+    method: &str,
+) -> bool {
     !mh.unknown_version
         && backend.verdict() == Verdict::Modern
         && matches!(backend.upstream, Upstream::Http(_))
-        && backend.cfg.verify_body == VerifyBody::Auto
-        && mh.method.is_some_and(|m| {
-            !(core.cache.enabled() && protocol::is_cacheable_method(m))
-                && m != "server/discover"
-                && m != "subscriptions/listen"
-        })
-        && core.auth.policy(ctx.principal.as_deref()).is_none()
+        && !(core.cache.enabled() && protocol::is_cacheable_method(method))
+        && method != "server/discover"
+        && method != "subscriptions/listen"
+        && !(ctx.built_by_portico && method == "tools/call")
 }
 
-/// Step 7 for an unread body: forwarded and relayed untouched. A refusal that does not look
+/// Step 7 for an unread body (or a judged one): forwarded and relayed untouched. A refusal that does not look
 /// like a modern server's means the backend changed under us (e.g. redeployed as a legacy
 /// server): it is re-probed and the caller takes the bridge.
 async fn pass_through(

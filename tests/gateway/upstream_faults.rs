@@ -225,7 +225,10 @@ async fn serve(mut tcp: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) {
     }
 }
 
-/// `raw`: the message path (every body read, checked and held); `pass`: pass-through.
+/// `raw`: the message path — a `tools/list` through the cache (on by default), a `tools/call`
+/// through the aggregated endpoint `/agg` (portico writes the member's body, and reads and
+/// holds its answer); `pass`: pass-through; `judged`: `verify_body = "always"`, every body read
+/// and checked against its headers, then forwarded as judged and its answer relayed.
 fn config(url: &str) -> String {
     format!(
         r#"
@@ -236,7 +239,6 @@ access = false
 name = "raw"
 url = "{url}"
 protocol = "modern"
-verify_body = "always"
 timeout_ms = 3000
 max_answer_bytes = 65536
 
@@ -245,6 +247,17 @@ name = "pass"
 url = "{url}"
 protocol = "modern"
 timeout_ms = 1500
+
+[[backends]]
+name = "judged"
+url = "{url}"
+protocol = "modern"
+verify_body = "always"
+timeout_ms = 1500
+
+[[endpoints]]
+path = "/agg"
+backends = ["raw"]
 "#
     )
 }
@@ -261,6 +274,17 @@ async fn call(gw: &Gateway, backend: &str, method: &str) -> Resp {
         params,
     )
     .await
+}
+
+/// `method` to `raw` on the message path (see [`config`]).
+async fn call_message_path(gw: &Gateway, method: &str) -> Resp {
+    match method {
+        "tools/call" => {
+            let params = json!({"name": "raw__t", "arguments": {}});
+            mcp(&gw.url("/agg"), json!(1), method, params).await
+        }
+        _ => call(gw, "raw", method).await,
+    }
 }
 
 /// A 502 whose JSON-RPC error (with the request's id) names `backend` and says `why`.
@@ -303,7 +327,7 @@ async fn broken_answers_on_the_message_path_are_502_naming_the_backend() {
         let gw = Gateway::start(&config(&backend.url)).await;
         for method in ["tools/call", "tools/list"] {
             let started = Instant::now();
-            let r = call(&gw, "raw", method).await;
+            let r = call_message_path(&gw, method).await;
             assert_502(&r, "raw", why, &format!("{fault:?}, {method}"));
             // Found from the bytes, not by waiting for the deadline (3 s).
             assert!(
@@ -405,9 +429,9 @@ failure_mode = "{mode}"
 async fn an_sse_answer_without_its_response_is_an_error() {
     let backend = backend(Fault::SseNoResponse).await;
     let gw = Gateway::start(&config(&backend.url)).await;
-    let r = call(&gw, "raw", "tools/list").await;
+    let r = call_message_path(&gw, "tools/list").await;
     assert_502(&r, "raw", "without a response", "tools/list");
-    let r = call(&gw, "raw", "tools/call").await;
+    let r = call_message_path(&gw, "tools/call").await;
     assert_eq!(r.status, 200);
     assert!(r.is_sse());
     let msgs = r.messages();
@@ -422,8 +446,9 @@ async fn an_sse_answer_without_its_response_is_an_error() {
     gw.stop().await;
 }
 
-/// On pass-through the answer head goes to the client once its status and the framing that
-/// came with it are checked: a bad status or a bad first chunk size is still a 502.
+/// On pass-through (and for a judged body, relayed the same way) the answer head goes to the
+/// client once its status and the framing that came with it are checked: a bad status or a bad
+/// first chunk size is still a 502.
 #[tokio::test]
 async fn pass_through_refuses_a_bad_status_or_first_chunk_with_502() {
     for (fault, why) in [
@@ -434,15 +459,49 @@ async fn pass_through_refuses_a_bad_status_or_first_chunk_with_502() {
     ] {
         let backend = backend(fault).await;
         let gw = Gateway::start(&config(&backend.url)).await;
-        let r = call(&gw, "pass", "tools/call").await;
-        assert_502(&r, "pass", why, &format!("{fault:?}"));
+        for name in ["pass", "judged"] {
+            let r = call(&gw, name, "tools/call").await;
+            assert_502(&r, name, why, &format!("{fault:?}, {name}"));
+        }
         gw.stop().await;
     }
 }
 
+/// `verify_body = "always"` judges the request, not the answer: once the body has been read
+/// and checked against its headers, the bytes judged go to the backend and its answer comes
+/// back as a pass-through's does, as the backend wrote it — where the message path, which
+/// reads and holds the answer, refuses the same bytes.
+#[tokio::test]
+async fn a_judged_request_has_its_answer_relayed() {
+    let backend = backend(Fault::InvalidJson).await;
+    let gw = Gateway::start(&config(&backend.url)).await;
+    let r = call(&gw, "judged", "tools/call").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body, b"<html><body>oops</body></html>".as_slice());
+    let r = call_message_path(&gw, "tools/call").await;
+    assert_502(&r, "raw", "not valid JSON", "the message path");
+    // Still judged first: a header the body contradicts never reaches the backend.
+    let asked = backend.requests.load(Ordering::SeqCst);
+    let body = modern_body(
+        json!(2),
+        "tools/call",
+        json!({"name": "t", "arguments": {}}),
+    );
+    let r = send(
+        "POST",
+        &gw.url("/mcp/judged"),
+        &modern_headers("tools/call", Some("other")),
+        body,
+    )
+    .await;
+    assert_eq!(r.status, 400, "{:?}", r.body);
+    assert_eq!(backend.requests.load(Ordering::SeqCst), asked);
+    gw.stop().await;
+}
+
 /// Reads a relayed body to its end: `Ok` with the bytes for a clean end, `Err` for a body
 /// that broke off (what a client must see when a relayed answer is cut).
-async fn read_relayed(gw: &Gateway) -> (u16, Result<Vec<u8>, String>, Duration) {
+async fn read_relayed(gw: &Gateway, name: &str) -> (u16, Result<Vec<u8>, String>, Duration) {
     let started = Instant::now();
     let body = modern_body(
         json!(1),
@@ -451,7 +510,7 @@ async fn read_relayed(gw: &Gateway) -> (u16, Result<Vec<u8>, String>, Duration) 
     );
     let resp = send_stream(
         "POST",
-        &gw.url("/mcp/pass"),
+        &gw.url(&format!("/mcp/{name}")),
         &modern_headers("tools/call", Some("t")),
         body,
     )
@@ -473,9 +532,11 @@ async fn a_relayed_answer_that_breaks_after_its_head_is_aborted() {
     for fault in [Fault::TruncatedLength, Fault::ChunkSizeZzzzBetween] {
         let backend = backend(fault).await;
         let gw = Gateway::start(&config(&backend.url)).await;
-        let (status, got, _) = read_relayed(&gw).await;
-        assert_eq!(status, 200, "{fault:?}");
-        assert!(got.is_err(), "{fault:?}: a clean end: {got:?}");
+        for name in ["pass", "judged"] {
+            let (status, got, _) = read_relayed(&gw, name).await;
+            assert_eq!(status, 200, "{fault:?}, {name}");
+            assert!(got.is_err(), "{fault:?}, {name}: a clean end: {got:?}");
+        }
         gw.stop().await;
     }
 }
@@ -487,7 +548,7 @@ async fn a_relayed_answer_that_breaks_after_its_head_is_aborted() {
 async fn a_relayed_sse_stream_that_breaks_ends_with_an_error_event_or_an_abort() {
     let between = backend(Fault::SseBreaksBetweenEvents).await;
     let gw = Gateway::start(&config(&between.url)).await;
-    let (status, got, _) = read_relayed(&gw).await;
+    let (status, got, _) = read_relayed(&gw, "pass").await;
     assert_eq!(status, 200);
     let text = String::from_utf8(got.expect("a clean end after the error event")).unwrap();
     let events: Vec<Value> = text
@@ -503,7 +564,7 @@ async fn a_relayed_sse_stream_that_breaks_ends_with_an_error_event_or_an_abort()
 
     let mid = backend(Fault::SseBreaksMidEvent).await;
     let gw = Gateway::start(&config(&mid.url)).await;
-    let (status, got, _) = read_relayed(&gw).await;
+    let (status, got, _) = read_relayed(&gw, "pass").await;
     assert_eq!(status, 200);
     assert!(got.is_err(), "a clean end: {got:?}");
     gw.stop().await;
@@ -514,7 +575,7 @@ async fn a_relayed_sse_stream_that_breaks_ends_with_an_error_event_or_an_abort()
 async fn a_trickling_relay_is_cut_at_the_deadline() {
     let backend = backend(Fault::Trickle).await;
     let gw = Gateway::start(&config(&backend.url)).await;
-    let (status, got, took) = read_relayed(&gw).await;
+    let (status, got, took) = read_relayed(&gw, "pass").await;
     assert_eq!(status, 200);
     assert!(got.is_err(), "a clean end: {got:?}");
     assert!(
