@@ -183,7 +183,17 @@ async fn to_server(
     what: &str,
 ) {
     let deadline = Instant::now() + backend.timeout;
-    if let Err(error) = send_raw(backend, session, body, &HeaderMap::new(), team, deadline).await {
+    if let Err(error) = send_raw(
+        backend,
+        session,
+        body,
+        &HeaderMap::new(),
+        team,
+        deadline,
+        crate::upstream::AnswerCheck::Upstream,
+    )
+    .await
+    {
         tracing::info!(backend = %backend.name, %error, "could not deliver {what} to the server");
     }
 }

@@ -350,6 +350,7 @@ async fn exchange(b: &Backend, s: &LegacySession, method: &str, params: Value) -
         &HeaderMap::new(),
         &[],
         deadline,
+        crate::upstream::AnswerCheck::Upstream,
     )
     .await;
     let answered = match sent {

@@ -270,9 +270,17 @@ pub async fn call(
         let (up_body, token) = to_legacy(body, upstream_id)?;
         let Some(client_id) = client_id else {
             // A notification: pass it on.
-            send_raw(b, &s, up_body, client_headers, team, deadline)
-                .await
-                .map_err(|e| upstream_err(b, &e))?;
+            send_raw(
+                b,
+                &s,
+                up_body,
+                client_headers,
+                team,
+                deadline,
+                AnswerCheck::Upstream,
+            )
+            .await
+            .map_err(|e| upstream_err(b, &e))?;
             return Ok(Bridged::Answer(Reply::accepted()));
         };
         let mapping = Mapping {
@@ -295,7 +303,9 @@ pub async fn call(
             armed: !matches!(b.transport(), Upstream::Stdio(_)),
             _slot: slot.clone(),
         };
-        let reply = match send_raw(b, &s, up_body, client_headers, team, deadline).await {
+        // A JSON answer is checked where it is translated, in the same reading (below).
+        let check = AnswerCheck::Caller;
+        let reply = match send_raw(b, &s, up_body, client_headers, team, deadline, check).await {
             Ok(reply) => reply,
             // The stdio child restarted before the request was written: the new child has not
             // been through `initialize`. Nothing reached the server, so a retry is safe.
@@ -330,6 +340,17 @@ pub async fn call(
             method: method.to_string(),
             body: body.clone(),
         };
+        if let (true, MessageStream::One(msg)) = (reply.status.is_success(), &reply.messages) {
+            guard.armed = false;
+            let out = translate::legacy_answer(msg, &mapping)
+                .map_err(|what| upstream_err(b, &UpstreamError::Protocol(what)))?;
+            return Ok(Bridged::Answer(translate::answered(
+                reply.status,
+                out,
+                &mapping,
+                b,
+            )));
+        }
         return Ok(Bridged::Answer(translate(reply, mapping, guard, io)));
     }
     Err(GatewayError::BackendFailed {
@@ -348,6 +369,7 @@ async fn send_raw(
     client_headers: &HeaderMap,
     team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
+    check: AnswerCheck,
 ) -> Result<Reply, UpstreamError> {
     match b.transport() {
         Upstream::Http(up) => {
@@ -371,14 +393,8 @@ async fn send_raw(
                 }
             }
             extra.extend_from_slice(team);
-            up.post(
-                &HeaderMap::new(),
-                &extra,
-                body,
-                deadline,
-                AnswerCheck::Upstream,
-            )
-            .await
+            up.post(&HeaderMap::new(), &extra, body, deadline, check)
+                .await
         }
         Upstream::Stdio(_) => {
             let Some(st) = stdio_of(b, s.child.as_ref()) else {

@@ -20,7 +20,9 @@ use crate::error::GatewayError;
 use crate::jsonrpc::{
     At, Key, Members, Raw, Read, parse_members, scan_members, write_key, write_str,
 };
-use crate::protocol::{RequestId, code, is_cacheable_method, meta, status_for_code};
+use crate::protocol::{
+    RequestId, ResponseMembers, code, is_cacheable_method, meta, status_for_code,
+};
 use crate::upstream::{MessageStream, Reply};
 
 pub(super) fn scope_str(s: CacheScope) -> &'static str {
@@ -209,34 +211,112 @@ pub(super) enum Translated {
     Drop,
 }
 
+/// One legacy message read once: its top-level members, a result's members read where they
+/// lie (the last result; a repeated one is read again when written), and what makes it a
+/// response (`protocol::ResponseMembers`, as the upstream's answer check counts them).
+struct LegacyMessage<'a> {
+    top: Vec<(Key<'a>, Raw<'a>)>,
+    result: Option<(Raw<'a>, Vec<(Key<'a>, Raw<'a>)>)>,
+    members: ResponseMembers,
+    len: usize,
+}
+
+impl<'a> LegacyMessage<'a> {
+    /// `None` when `msg` is not one JSON object.
+    fn read(msg: &'a [u8]) -> Option<LegacyMessage<'a>> {
+        let text = std::str::from_utf8(msg).ok()?;
+        let mut top = Vec::with_capacity(4);
+        let mut result: Option<(Raw, Vec<(Key, Raw)>)> = None;
+        let mut members = ResponseMembers::default();
+        scan_members(text, |name, at| {
+            let read = if name == "result" && at.is_object() {
+                let (read, Members(fields)) = at.member_texts()?;
+                result = Some((read.raw(), fields));
+                read
+            } else {
+                at.skip()?
+            };
+            members.note(&name, read.raw().get());
+            top.push((name, read.raw()));
+            Some(read)
+        })?;
+        Some(LegacyMessage {
+            top,
+            result,
+            members,
+            len: msg.len(),
+        })
+    }
+
+    fn last(&self, key: &str) -> Option<Raw<'a>> {
+        self.top
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| *v)
+    }
+
+    /// The response to the call `m` describes, for the client: its id restored and its result
+    /// made a 2026 one. `None` when it answers another id.
+    fn response(mut self, m: &Mapping) -> Option<Bytes> {
+        let id = self.last("id").filter(|v| v.get() != "null")?;
+        if id.get().parse::<u64>() != Ok(m.upstream_id) {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.len + 160);
+        let mut obj = ObjectWriter::new(&mut out);
+        for (name, value) in &self.top {
+            let out = obj.member(name);
+            match name.as_str() {
+                "id" => out.extend_from_slice(m.client_id.json().as_bytes()),
+                "result" => {
+                    let fields = self
+                        .result
+                        .take_if(|(r, _)| std::ptr::eq(r.get(), value.get()))
+                        .map(|(_, f)| f);
+                    modern_result(out, value.get(), fields, m)
+                }
+                "error" => modern_error(out, value.get()),
+                _ => out.extend_from_slice(value.get().as_bytes()),
+            }
+        }
+        obj.end();
+        Some(Bytes::from(out))
+    }
+}
+
+/// The one JSON answer of a call, checked and translated in one reading: the upstream leaves
+/// the check to this reader (`AnswerCheck::Caller`; README "One reader checks a JSON answer").
+/// `Err` with the upstream's words when it is not one JSON-RPC response (the backend's fault);
+/// `Ok(None)` when it answers another id.
+pub(super) fn legacy_answer(msg: &[u8], m: &Mapping) -> Result<Option<Bytes>, String> {
+    let Some(read) = LegacyMessage::read(msg) else {
+        // Not one JSON object: the upstream's check gives the words.
+        return Err(match crate::upstream::http::shape(msg) {
+            Err(what) => format!("the answer {what}"),
+            Ok(_) => "the answer is not a JSON-RPC response".into(),
+        });
+    };
+    if read.members.repeated() {
+        return Err("the answer is not a JSON-RPC message".into());
+    }
+    if !read.members.is_response() {
+        return Err("the answer is not a JSON-RPC response".into());
+    }
+    Ok(read.response(m))
+}
+
 /// Legacy message → what the 2026 client gets. A response (the message of almost every call)
 /// is rewritten as text: only its top level, the result's and `_meta`'s members are split, the
 /// content is copied as the server wrote it.
 pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
-    let Ok(text) = std::str::from_utf8(msg) else {
+    let Some(read) = LegacyMessage::read(msg).filter(|r| !r.members.repeated()) else {
         return Translated::Drop;
     };
-    // One pass: the top level's members, and a result's members read where they lie rather
-    // than skipped and scanned again (the last result; a repeated one is read again below).
-    let mut top = Vec::with_capacity(4);
-    let mut result: Option<(Raw, Vec<(Key, Raw)>)> = None;
-    let read = scan_members(text, |name, at| {
-        let read = if name == "result" && at.is_object() {
-            let (read, Members(fields)) = at.member_texts()?;
-            result = Some((read.raw(), fields));
-            read
-        } else {
-            at.skip()?
-        };
-        top.push((name, read.raw()));
-        Some(read)
-    });
-    if read.is_none() {
-        return Translated::Drop;
-    }
-    let last = |key: &str| top.iter().rev().find(|(k, _)| k == key).map(|(_, v)| *v);
-    let method = last("method").and_then(|v| serde_json::from_str::<String>(v.get()).ok());
-    let id = last("id").filter(|v| v.get() != "null");
+    let method = read
+        .last("method")
+        .and_then(|v| serde_json::from_str::<String>(v.get()).ok());
+    let id = read.last("id").filter(|v| v.get() != "null");
     match (method, id) {
         // A server-initiated request.
         (Some(method), Some(id)) => {
@@ -256,29 +336,10 @@ pub(super) fn from_legacy(msg: &[u8], m: &Mapping) -> Translated {
             Translated::Answer(answer)
         }
         (Some(method), None) => notification(msg, &method, m),
-        (None, Some(id)) => {
-            if id.get().parse::<u64>() != Ok(m.upstream_id) {
-                return Translated::Drop;
-            }
-            let mut out = Vec::with_capacity(msg.len() + 160);
-            let mut obj = ObjectWriter::new(&mut out);
-            for (name, value) in &top {
-                let out = obj.member(name);
-                match name.as_str() {
-                    "id" => out.extend_from_slice(m.client_id.json().as_bytes()),
-                    "result" => {
-                        let fields = result
-                            .take_if(|(r, _)| std::ptr::eq(r.get(), value.get()))
-                            .map(|(_, f)| f);
-                        modern_result(out, value.get(), fields, m)
-                    }
-                    "error" => modern_error(out, value.get()),
-                    _ => out.extend_from_slice(value.get().as_bytes()),
-                }
-            }
-            obj.end();
-            Translated::Forward(Bytes::from(out))
-        }
+        (None, Some(_)) => match read.response(m) {
+            Some(out) => Translated::Forward(out),
+            None => Translated::Drop,
+        },
         (None, None) => Translated::Drop,
     }
 }
@@ -433,20 +494,11 @@ pub(super) fn translate(
         }
         MessageStream::One(msg) => {
             guard.armed = false;
-            match from_legacy(&msg, &m) {
-                Translated::Forward(out) => {
-                    let status = error_status(&out).unwrap_or(status);
-                    Reply::one(status, out)
-                }
-                _ => Reply::one(
-                    StatusCode::BAD_GATEWAY,
-                    GatewayError::BackendFailed {
-                        backend: guard.backend.name.to_string(),
-                        detail: "answer did not match the request".into(),
-                    }
-                    .to_message(Some(&m.client_id)),
-                ),
-            }
+            let out = match from_legacy(&msg, &m) {
+                Translated::Forward(out) => Some(out),
+                _ => None,
+            };
+            answered(status, out, &m, &guard.backend)
         }
         MessageStream::Many(stream) => Reply {
             status,
@@ -461,6 +513,21 @@ pub(super) fn translate(
                 .into_stream(),
             ),
         },
+    }
+}
+
+/// The reply one translated answer makes (`None`: it answered another id, a 502).
+pub(super) fn answered(status: StatusCode, out: Option<Bytes>, m: &Mapping, b: &Backend) -> Reply {
+    match out {
+        Some(out) => Reply::one(error_status(&out).unwrap_or(status), out),
+        None => Reply::one(
+            StatusCode::BAD_GATEWAY,
+            GatewayError::BackendFailed {
+                backend: b.name.to_string(),
+                detail: "answer did not match the request".into(),
+            }
+            .to_message(Some(&m.client_id)),
+        ),
     }
 }
 
@@ -535,7 +602,7 @@ impl Drop for CancelGuard {
         rt.spawn(async move {
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
             let body = Bytes::from(note.to_string());
-            if let Err(error) = send_raw(&backend, &session, body, &HeaderMap::new(), &[], deadline).await {
+            if let Err(error) = send_raw(&backend, &session, body, &HeaderMap::new(), &[], deadline, crate::upstream::AnswerCheck::Upstream).await {
                 tracing::debug!(backend = %backend.name, %error, "could not send notifications/cancelled");
             }
         });
@@ -653,17 +720,76 @@ mod tests {
     }
 
     #[test]
-    fn a_repeated_result_is_rewritten_each_time() {
+    fn a_repeated_result_makes_no_message() {
         let m = mapping(json!(7), "tools/call", None);
-        let Translated::Forward(out) = from_legacy(
-            br#"{"jsonrpc":"2.0","id":9,"result":{"a":1},"result":{"b":2}}"#,
-            &m,
-        ) else {
-            panic!("forwarded")
-        };
+        let twice = br#"{"jsonrpc":"2.0","id":9,"result":{"a":1},"result":{"b":2}}"#;
+        assert!(matches!(from_legacy(twice, &m), Translated::Drop));
+        assert_eq!(
+            legacy_answer(twice, &m).unwrap_err(),
+            "the answer is not a JSON-RPC message"
+        );
+    }
+
+    /// A call's one JSON answer is checked in the reading that translates it, with the words
+    /// the upstream's check would have used (`upstream::http::shape`).
+    #[test]
+    fn a_json_answer_is_checked_where_it_is_translated() {
+        let m = mapping(json!(7), "tools/call", None);
+        for (answer, words) in [
+            (&b"<html>oops</html>"[..], "the answer is not valid JSON"),
+            (
+                br#"{"jsonrpc":"2.0","id":9,"result":{"#,
+                "the answer is truncated JSON",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":9,"result":{"a":[1,]}}"#,
+                "the answer is not valid JSON",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":9,"result":{}} x"#,
+                "the answer is not valid JSON",
+            ),
+            (
+                br#"[{"jsonrpc":"2.0","id":9,"result":{}}]"#,
+                "the answer is not a JSON-RPC message",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#,
+                "the answer is not a JSON-RPC response",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":9,"method":"ping","result":{}}"#,
+                "the answer is not a JSON-RPC response",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":9}"#,
+                "the answer is not a JSON-RPC response",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":9,"error":{},"error":{}}"#,
+                "the answer is not a JSON-RPC message",
+            ),
+        ] {
+            let got = legacy_answer(answer, &m);
+            assert_eq!(
+                got.as_ref().err().map(String::as_str),
+                Some(words),
+                "{:?}",
+                String::from_utf8_lossy(answer)
+            );
+            // What the upstream's own check says of it, where it has words.
+            if let Err(what) = crate::upstream::http::shape(answer) {
+                assert_eq!(format!("the answer {what}"), words);
+            }
+        }
+        // Another id: no answer to this call (the caller's 502).
+        let other = br#"{"jsonrpc":"2.0","id":8,"result":{}}"#;
+        assert_eq!(legacy_answer(other, &m), Ok(None));
+        let ok = br#"{"jsonrpc":"2.0","id":9,"method":null,"result":{"content":[]}}"#;
+        let out = legacy_answer(ok, &m).unwrap().unwrap();
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
-            r#"{"jsonrpc":"2.0","id":7,"result":{"a":1,"resultType":"complete"},"result":{"b":2,"resultType":"complete"}}"#
+            r#"{"jsonrpc":"2.0","id":7,"method":null,"result":{"content":[],"resultType":"complete"}}"#
         );
     }
 

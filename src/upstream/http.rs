@@ -582,7 +582,7 @@ async fn collect_bounded(body: &mut RelayBody, limit: usize) -> Result<Bytes, Up
 /// `Ok(true)` a JSON-RPC response (a `result` or `error`, no `method`), `Ok(false)` another
 /// JSON-RPC message (a notification or request about the call), `Err` not a JSON-RPC message
 /// (its words complete "the answer …").
-fn shape(msg: &[u8]) -> Result<bool, &'static str> {
+pub(crate) fn shape(msg: &[u8]) -> Result<bool, &'static str> {
     // The members scanner first (a third of serde's cost here; README "Crates, and what portico
     // writes itself"); serde reads what it refuses, for the words.
     let mut members = crate::protocol::ResponseMembers::default();

@@ -118,6 +118,26 @@ async fn serve(mut tcp: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) {
         requests.fetch_add(1, Ordering::SeqCst);
         let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let id = &req["id"];
+        // An initialize-era session (backend `old`) opens cleanly; what follows is broken.
+        let opening = match req["method"].as_str() {
+            Some("initialize") => Some(with_length(
+                json!({"jsonrpc": "2.0", "id": id, "result": {
+                    "protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "faulty", "version": "1"}}})
+                .to_string()
+                .as_bytes(),
+            )),
+            Some("notifications/initialized") => {
+                Some(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n".to_vec())
+            }
+            _ => None,
+        };
+        if let Some(wire) = opening {
+            if tcp.write_all(&wire).await.is_err() {
+                return;
+            }
+            continue;
+        }
         let response = json!({"jsonrpc": "2.0", "id": id, "result": {
             "resultType": "complete", "content": [], "tools": [], "ttlMs": 0}})
         .to_string();
@@ -228,7 +248,8 @@ async fn serve(mut tcp: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) {
 /// `raw`: the message path — a `tools/list` through the cache (on by default), a `tools/call`
 /// through the aggregated endpoint `/agg` (portico writes the member's body, and reads and
 /// holds its answer); `pass`: pass-through; `judged`: `verify_body = "always"`, every body read
-/// and checked against its headers, then forwarded as judged and its answer relayed.
+/// and checked against its headers, then forwarded as judged and its answer relayed; `old`: the
+/// same server bridged as an initialize-era one.
 fn config(url: &str) -> String {
     format!(
         r#"
@@ -254,6 +275,12 @@ url = "{url}"
 protocol = "modern"
 verify_body = "always"
 timeout_ms = 1500
+
+[[backends]]
+name = "old"
+url = "{url}"
+protocol = "legacy"
+timeout_ms = 3000
 
 [[endpoints]]
 path = "/agg"
@@ -336,6 +363,28 @@ async fn broken_answers_on_the_message_path_are_502_naming_the_backend() {
                 started.elapsed()
             );
         }
+        gw.stop().await;
+    }
+}
+
+/// A bridged call's JSON answer is checked in the reading that translates it
+/// (`AnswerCheck::Caller`), with the upstream's words: every broken answer is still a 502
+/// naming the backend, never a 200 carrying it.
+#[tokio::test]
+async fn broken_bridged_answers_are_502_naming_the_backend() {
+    for (fault, why) in [
+        (Fault::InvalidJson, "not valid JSON"),
+        (Fault::TruncatedJson, "truncated JSON"),
+        (Fault::NotAResponse, "not a JSON-RPC response"),
+        (Fault::InvalidInsideResult, "not valid JSON"),
+        (Fault::TwoResults, "not a JSON-RPC message"),
+        (Fault::Empty200, "empty"),
+        (Fault::ChunkSizeZzzz, "chunked"),
+    ] {
+        let backend = backend(fault).await;
+        let gw = Gateway::start(&config(&backend.url)).await;
+        let r = call(&gw, "old", "tools/call").await;
+        assert_502(&r, "old", why, &format!("{fault:?}, bridged"));
         gw.stop().await;
     }
 }
