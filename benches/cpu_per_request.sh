@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Exact on-CPU time per request of the backend, nginx and portico (pass-through, `workers = 1`)
+# at one concurrency, from each process's /proc/<pid>/schedstat (nanoseconds run; not the
+# 10 ms-tick sampling of /proc/<pid>/stat, which misattributes short runs). The layout is
+# benches/run.sh's: backend, nginx and portico on SERVER_CPUS, wrk on LOADGEN_CPUS.
+#
+#   C=1 benches/cpu_per_request.sh     # the c=1 wake-up cost (README, "Latency at c = 1")
+#   C=16 D=10 benches/cpu_per_request.sh
+#
+# Prints one line per target: req/s, p50, p99, and µs of CPU per request for the proxy and for
+# the backend. Needs the release build (cargo build --release --bin portico --example
+# bench_backend), wrk and nginx. Every process it starts is stopped when it exits.
+set -euo pipefail
+C=${C:-1}
+D=${D:-5}
+SERVER_CPUS=${SERVER_CPUS:-0}
+LOADGEN_CPUS=${LOADGEN_CPUS:-1}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${BIN:-$ROOT/target/release/portico}
+BACKEND=$ROOT/target/release/examples/bench_backend
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+for need in "$BIN" "$BACKEND" "$NGINX"; do
+    [[ -x $need ]] || { echo "missing $need (build or install it first)" >&2; exit 1; }
+done
+command -v wrk >/dev/null || { echo "missing wrk" >&2; exit 1; }
+
+TMP=$(mktemp -d)
+chmod 755 "$TMP" # nginx workers (user nobody) reach their temp dirs
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$TMP"
+}
+trap cleanup EXIT INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+    for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done
+    echo "nothing listens on $1" >&2
+    exit 1
+}
+
+taskset -c "$SERVER_CPUS" "$BACKEND" --name b1 >"$TMP/b.out" 2>"$TMP/b.err" &
+BP=$!
+PIDS+=("$BP")
+for _ in $(seq 50); do grep -q LISTENING "$TMP/b.out" && break; sleep 0.1; done
+BPORT=$(awk '/LISTENING/ {print $2}' "$TMP/b.out")
+NPORT=$(free_port)
+PPORT=$(free_port)
+
+mkdir -p "$TMP/n"
+cat >"$TMP/n/nginx.conf" <<EOF
+daemon off; master_process on; worker_processes 1;
+pid $TMP/n/nginx.pid; error_log $TMP/n/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/n/cb; proxy_temp_path $TMP/n/p; fastcgi_temp_path $TMP/n/f;
+    uwsgi_temp_path $TMP/n/u; scgi_temp_path $TMP/n/s;
+    keepalive_timeout 75s; keepalive_requests 1000000;
+    upstream mcp_backend { server 127.0.0.1:$BPORT; keepalive 64; keepalive_requests 1000000; }
+    server {
+        listen 127.0.0.1:$NPORT;
+        location / {
+            proxy_pass http://mcp_backend; proxy_http_version 1.1;
+            proxy_set_header Connection ""; proxy_set_header Host \$http_host;
+            proxy_buffering off;
+        }
+    }
+}
+EOF
+taskset -c "$SERVER_CPUS" "$NGINX" -p "$TMP/n" -c "$TMP/n/nginx.conf" &
+NP=$!
+PIDS+=("$NP")
+
+cat >"$TMP/p.toml" <<EOF
+[server]
+listen = "127.0.0.1:$PPORT"
+workers = 1
+[log]
+access = false
+level = "warn"
+[sessions]
+key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+[cache]
+enabled = false
+[[backends]]
+name = "b1"
+url = "http://127.0.0.1:$BPORT/mcp"
+protocol = "modern"
+EOF
+taskset -c "$SERVER_CPUS" "$BIN" --config "$TMP/p.toml" >"$TMP/p.out" 2>"$TMP/p.err" &
+PP=$!
+PIDS+=("$PP")
+wait_port "$NPORT"
+wait_port "$PPORT"
+sleep 0.3
+NW=$(pgrep -P "$NP" | head -1)
+
+ns() { awk '{print $1}' "/proc/$1/schedstat"; }
+field() { grep -o "\"$1\":[0-9]*" "$TMP/w.out" | cut -d: -f2; }
+for target in direct nginx portico; do
+    case $target in
+        direct) url=http://127.0.0.1:$BPORT/mcp proxy= ;;
+        nginx) url=http://127.0.0.1:$NPORT/mcp proxy=$NW ;;
+        portico) url=http://127.0.0.1:$PPORT/mcp/b1 proxy=$PP ;;
+    esac
+    taskset -c "$LOADGEN_CPUS" wrk -t1 -c"$C" -d1s -s "$ROOT/benches/mcp.lua" "$url" >/dev/null
+    b0=$(ns "$BP")
+    p0=0
+    [[ -n $proxy ]] && p0=$(ns "$proxy")
+    taskset -c "$LOADGEN_CPUS" wrk -t1 -c"$C" -d"${D}s" -s "$ROOT/benches/mcp.lua" "$url" >"$TMP/w.out"
+    b1=$(ns "$BP")
+    p1=0
+    [[ -n $proxy ]] && p1=$(ns "$proxy")
+    n=$(field requests)
+    echo "$target c=$C rps=$((n / D)) p50_us=$(field p50_us) p99_us=$(field p99_us)" \
+        "proxy_cpu_us_per_req=$(((p1 - p0) / 1000 / n)) backend_cpu_us_per_req=$(((b1 - b0) / 1000 / n))"
+done
