@@ -367,6 +367,63 @@ async fn broken_answers_on_the_message_path_are_502_naming_the_backend() {
     }
 }
 
+/// A team tool policy judges a `tools/call` on its parsed name; an allowed call then goes on as
+/// the bytes judged and its answer is relayed, while a `tools/list` under the policy is still
+/// read (its answer is filtered) — so the same broken answer is relayed to the one and a 502
+/// for the other.
+#[tokio::test]
+async fn a_call_a_policy_allowed_is_relayed_and_its_list_is_read() {
+    const KEY: &str = "policy-relay-key-0123456789";
+    let backend = backend(Fault::InvalidJson).await;
+    let gw = Gateway::start(&format!(
+        r#"
+[log]
+access = false
+
+# Off, so that only the policy keeps a `tools/list` on the message path.
+[cache]
+enabled = false
+
+[auth]
+mode = "api_keys"
+[[auth.api_keys]]
+key_file = "{key}"
+principal = "ann"
+team = "ops"
+[[auth.teams]]
+name = "ops"
+tools = {{ allow = ["t"] }}
+
+[[backends]]
+name = "pass"
+url = "{url}"
+protocol = "modern"
+timeout_ms = 1500
+"#,
+        key = secret_file("policy-relay", KEY).display(),
+        url = backend.url
+    ))
+    .await;
+    let auth = format!("Bearer {KEY}");
+    let url = gw.url("/mcp/pass");
+    let with = |name: &str| json!({"name": name, "arguments": {}});
+    let h = [("authorization", auth.as_str())];
+    let r = mcp_with(&url, json!(1), "tools/call", with("t"), &h).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.body, b"<html><body>oops</body></html>".as_slice());
+    let asked = backend.requests.load(Ordering::SeqCst);
+    let r = mcp_with(&url, json!(2), "tools/call", with("secret"), &h).await;
+    assert_eq!(r.status, 403, "{:?}", r.body);
+    assert_eq!(
+        backend.requests.load(Ordering::SeqCst),
+        asked,
+        "a denied call goes nowhere"
+    );
+    let r = mcp_with(&url, json!(1), "tools/list", json!({}), &h).await;
+    assert_502(&r, "pass", "not valid JSON", "a list under a policy");
+    gw.stop().await;
+}
+
 /// A bridged call's JSON answer is checked in the reading that translates it
 /// (`AnswerCheck::Caller`), with the upstream's words: every broken answer is still a 502
 /// naming the backend, never a 200 carrying it.
