@@ -230,7 +230,7 @@ pub async fn call(
     if method == "server/discover"
         && let Some(id) = client_id
     {
-        return discover(b, owner, id, team, deadline).await;
+        return Box::pin(discover(b, owner, id, team, deadline)).await;
     }
     if method == "notifications/cancelled" {
         // Its requestId is in the client's id space; the step cancels the client's own call
@@ -240,19 +240,26 @@ pub async fn call(
     if method == "subscriptions/listen"
         && let Some(id) = client_id
     {
-        return listen::listen(b, owner, id, body, team, deadline).await;
+        return Box::pin(listen::listen(b, owner, id, body, team, deadline)).await;
     }
     if let Some(id) = client_id
         && input::is_retry(method, body)
     {
-        // A 2026-07-28 client answering the questions of a call portico parked.
-        return match input::resume(b, owner.input.as_ref(), owner.scope, method, id, body).await? {
+        // A 2026-07-28 client answering the questions of a call portico parked. Boxed, like
+        // the other rare paths above: inline, their states set the size of every call's future.
+        let resumed = input::resume(b, owner.input.as_ref(), owner.scope, method, id, body);
+        return match Box::pin(resumed).await? {
             Ok(reply) => Ok(Bridged::Answer(reply)),
-            Err(input::Elsewhere(replica)) => {
-                input::forward(b, &replica, method, body, client_headers, deadline)
-                    .await
-                    .map(Bridged::Answer)
-            }
+            Err(input::Elsewhere(replica)) => Box::pin(input::forward(
+                b,
+                &replica,
+                method,
+                body,
+                client_headers,
+                deadline,
+            ))
+            .await
+            .map(Bridged::Answer),
         };
     }
     // The request's own `logLevel` (docs/protocol.md §1): the session is set to log at least
@@ -264,7 +271,7 @@ pub async fn call(
             Err(e) => return on_session_error(b, e).await,
         };
         if let Some(level) = log_level {
-            listen::set_level(b, &s, level, false).await;
+            Box::pin(listen::set_level(b, &s, level, false)).await;
         }
         let upstream_id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (up_body, token) = to_legacy(body, upstream_id)?;

@@ -225,7 +225,9 @@ pub(super) async fn session_or_modern(
             } else {
                 owner.clone()
             };
-            initialize(b, slot.value.child.as_ref(), &own, deadline).await?
+            // Boxed: the handshake is rare, and inline its state would set the size (and the
+            // cost of every move) of each bridged call's future.
+            Box::pin(initialize(b, slot.value.child.as_ref(), &own, deadline)).await?
         }
     };
     let s = Arc::new(s);
