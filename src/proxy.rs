@@ -193,21 +193,35 @@ async fn modern(
         Instant::from_std(ctx.start) + backend.timeout
     };
     bridge::ensure_verdict(backend).await?;
-    if let Some(method) = mh.method
-        && step::can_pass_through(state, ctx, backend, &mh)
-    {
+    // Unread when nothing portico decides depends on the body; else read and judged here, and
+    // when the judgement is all the body decides (`verify_body = "always"`, a policy), the
+    // bytes judged go on as a pass-through's do and the answer is relayed (`step::can_relay`).
+    let unread = mh
+        .method
+        .filter(|_| step::can_pass_through(state, ctx, backend, &mh));
+    let env = match unread {
         // Cheap checks that need no parse: one object per POST.
-        match first_byte(&body) {
-            Some(b'{') => {}
+        Some(_) => match first_byte(&body) {
+            Some(b'{') => None,
             Some(b'[') => return Err(GatewayError::Batch),
             _ => return Err(GatewayError::Parse("body is not a JSON object".into())),
+        },
+        None => Some(judge(ctx, &head, &mh, &body)?),
+    };
+    let message = match (unread, &env) {
+        (Some(method), _) => Some(Message::Unread {
+            method,
+            name: mh.name,
+        }),
+        (None, Some(e)) if step::can_relay(state, ctx, backend, &mh, &e.method) => {
+            Some(Message::Judged(e))
         }
+        _ => None,
+    };
+    if let Some(message) = message {
         let req = StepRequest {
             headers,
-            message: Message::Unread {
-                method,
-                name: mh.name,
-            },
+            message,
             body: body.clone(),
             exposure: Exposure::DIRECT,
             deadline,
@@ -218,37 +232,15 @@ async fn modern(
             // The backend turned out initialize-era: served below, through the bridge.
             Answer::Reprobed => {}
             Answer::Reply(reply) => {
-                return Ok(render(*reply, None, &backend.name, backend.cfg.timeout_ms).await);
-            }
-        }
-    }
-    let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
-    ctx.id = env.id.clone();
-    if ctx.method.is_none() {
-        ctx.method = Some(env.method.clone());
-    }
-    frontend::verify_modern(&head, &mh, &env)?;
-    // Judged: when nothing else portico does depends on the body, the bytes just judged go
-    // as a pass-through's do and the answer is relayed (`verify_body = "always"`, a policy).
-    if step::can_relay(state, ctx, backend, &mh, &env) {
-        let req = StepRequest {
-            headers,
-            message: Message::Judged(&env),
-            body: body.clone(),
-            exposure: Exposure::DIRECT,
-            deadline,
-            check: AnswerCheck::Upstream,
-        };
-        match step::step(state, ctx, backend, &req).await? {
-            Answer::Relayed(resp) => return Ok(*resp),
-            // The backend turned out initialize-era: served below, through the bridge.
-            Answer::Reprobed => {}
-            Answer::Reply(reply) => {
-                let id = env.id.as_ref();
+                let id = env.as_ref().and_then(|e| e.id.as_ref());
                 return Ok(render(*reply, id, &backend.name, backend.cfg.timeout_ms).await);
             }
         }
     }
+    let env = match env {
+        Some(env) => env,
+        None => judge(ctx, &head, &mh, &body)?,
+    };
     // Boxed: the cache and bridge futures are large (see `step::step`).
     let reply = Box::pin(step::call(
         state,
@@ -274,6 +266,22 @@ async fn modern(
         backend.cfg.timeout_ms,
     )
     .await)
+}
+
+/// A 2026-07-28 body read and checked against its headers, its id and method noted.
+fn judge(
+    ctx: &mut RequestCtx,
+    head: &Head<'_>,
+    mh: &frontend::ModernHead<'_>,
+    body: &[u8],
+) -> Result<protocol::Envelope, GatewayError> {
+    let env = protocol::parse_envelope(body).map_err(frontend::envelope_error)?;
+    ctx.id = env.id.clone();
+    if ctx.method.is_none() {
+        ctx.method = Some(env.method.clone());
+    }
+    frontend::verify_modern(head, mh, &env)?;
+    Ok(env)
 }
 
 /// `GET /.well-known/oauth-protected-resource[/<path>]` (RFC 9728), served without auth.

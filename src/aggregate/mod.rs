@@ -273,8 +273,7 @@ pub async fn serve(
     let reply = answer(core, ctx, ep, headers, &env, body, deadline).await?;
     // A stream that breaks is blamed on the member it came from (a routed call); a merged
     // answer is the endpoint's own.
-    let from = ctx.backend.clone();
-    let blamed = from.as_deref().unwrap_or(&ep.path);
+    let blamed = ctx.backend.as_deref().unwrap_or(&ep.path);
     Ok(render(
         reply,
         env.id.as_ref(),

@@ -273,7 +273,7 @@ pub async fn step(
             // 6. cache, 7. forward or bridge
             let answer = match req.message {
                 Message::Unread { method, .. } => pass_through(ctx, backend, req, method).await,
-                // A policy filters a list's answer: that one is read (`can_relay` never asks).
+                // A policy filters a list's answer: that one is read, judged or not.
                 Message::Judged(env) if policy.is_none() || env.method != "tools/list" => {
                     pass_through(ctx, backend, req, &env.method).await
                 }
@@ -505,7 +505,7 @@ pub fn charge(core: &Core, ctx: &mut RequestCtx) -> Result<(), GatewayError> {
 /// Never passed through, because a decision then depends on the body:
 /// - `verify_body = "always"` and a caller under a tool policy (checked against the parsed
 ///   body, never the headers alone): read, judged, then relayed ([`can_relay`]);
-/// - everything [`relayable`] refuses.
+/// - everything [`can_relay`] refuses.
 pub fn can_pass_through(
     core: &Core,
     ctx: &RequestCtx,
@@ -516,28 +516,14 @@ pub fn can_pass_through(
         && core.auth.policy(ctx.principal.as_deref()).is_none()
         && mh
             .method
-            .is_some_and(|m| relayable(core, ctx, backend, mh, m))
+            .is_some_and(|m| can_relay(core, ctx, backend, mh, m))
 }
 
-/// Whether a request read and judged by the caller (its headers checked against its body,
-/// under `verify_body = "always"` or a tool policy) may go as a pass-through goes: its exact
-/// bytes forwarded, the answer relayed unread ([`Message::Judged`]). The judgement is all the
-/// body decides then; a `tools/list` under a policy is still read, since its answer is
-/// filtered.
-pub fn can_relay(
-    core: &Core,
-    ctx: &RequestCtx,
-    backend: &Backend,
-    mh: &ModernHead<'_>,
-    env: &Envelope,
-) -> bool {
-    relayable(core, ctx, backend, mh, &env.method)
-        && (env.method != "tools/list" || core.auth.policy(ctx.principal.as_deref()).is_none())
-}
-
-/// What both [`can_pass_through`] and [`can_relay`] need: a 2026-07-28 client's request whose
-/// answer portico passes on as the backend wrote it. Never, because portico then writes or
-/// reads the exchange:
+/// Whether a 2026-07-28 client's request may have its answer passed on as the backend wrote
+/// it: unread ([`can_pass_through`]), or read and judged by the caller (its headers checked
+/// against its body, under `verify_body = "always"` or a tool policy; [`Message::Judged`]),
+/// when that judgement is all the body decides. Never, because portico then writes or reads
+/// the exchange:
 /// - an unknown protocol version, a backend of another kind or era;
 /// - a cacheable method while the cache is on (the key comes from the body, and the body must
 ///   agree with the headers before an entry is served or stored);
@@ -545,7 +531,10 @@ pub fn can_relay(
 /// - `subscriptions/listen`, whose notifications get the client's `subscriptionId` and whose
 ///   stream is counted while open;
 /// - a `tools/call` portico wrote itself, which needs its `Mcp-Param-*` headers built.
-fn relayable(
+///
+/// (A `tools/list` under a policy is judged and then still read, since its answer is filtered:
+/// the step decides that, where the filter is.)
+pub fn can_relay(
     core: &Core,
     ctx: &RequestCtx,
     backend: &Backend,
