@@ -13,8 +13,8 @@
 //!   [`router`], [`state`], [`proxy`] (the request pipeline);
 //! - L5 faces: [`server`], [`stdio_front`], [`admin`], [`reload`], and this crate root.
 //!
-//! Read a request's way in four files: `server/h1.rs` → `proxy.rs` → `step/mod.rs` →
-//! `upstream/h1.rs`.
+//! Read a request's way in four files: `server/h1/mod.rs` → `proxy.rs` → `step/mod.rs` →
+//! `upstream/h1/mod.rs`.
 
 #![forbid(unsafe_code)]
 

@@ -1,12 +1,12 @@
 //! The 2024-11-05 HTTP+SSE transport, as a message link for the connection actor of
-//! `stdio.rs` (README "Configuration reference", `transport = "sse"`; docs/protocol.md §5).
+//! `stdio/` (README "Configuration reference", `transport = "sse"`; docs/protocol.md §5).
 //!
 //! One upstream session is one event stream: portico GETs the backend's URL
 //! (`Accept: text/event-stream`); the server's first event, `endpoint`, names where the
 //! messages of this session are POSTed (usually `/messages?sessionId=…`); the server answers
 //! each POST `202 Accepted` and sends every message of its own — responses, notifications, its
 //! requests — as a `message` event on the stream. So the stream is to this transport what a
-//! child's stdout is to stdio, and the POSTs its stdin: the actor in `stdio.rs` owns the link
+//! child's stdout is to stdio, and the POSTs its stdin: the actor in `stdio/actor.rs` owns the link
 //! and does everything above it (id and progress-token rewriting, routing answers, server
 //! requests to the call in flight, broadcast of other notifications, reconnecting with backoff
 //! when the stream ends, which the bridge sees as a new generation to re-initialize).

@@ -1,4 +1,4 @@
-//! The lean HTTP/1.1 server connection (`src/server/h1.rs`), seen from a raw TCP client:
+//! The lean HTTP/1.1 server connection (`src/server/h1/`), seen from a raw TCP client:
 //! pipelining, keep-alive, the hand-offs to hyper (HTTP/1.0, chunked bodies, `Expect`), the
 //! refusals it writes itself (400, 408, 431), its timeouts, HEAD, the drain and a client that
 //! goes away. Every test speaks bytes over a real socket to a real gateway, since the framing

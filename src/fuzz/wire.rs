@@ -1,200 +1,12 @@
-//! Fuzz entry points, shared by the cargo-fuzz targets in `fuzz/` and by a stable-toolchain
-//! smoke test. Each takes arbitrary bytes and drives a parser that sees hostile input; the only
-//! property checked is "no panic, no hang" (plus a few cheap consistency asserts).
-//!
-//! - [`front_end`]: a client's headers and body → the routing decision or an error
-//!   (`frontend::era`, `check_modern_head`, `verify_modern`, `protocol::parse_envelope`,
-//!   content/origin checks) and the bearer-token parser (`auth::check_jwt`).
-//! - [`upstream_answer`]: a backend's bytes → SSE events → JSON-RPC messages, the bridge's probe
-//!   classification, the cache's storability decision, the bridge's text translations both ways
-//!   and an aggregated endpoint's one-pass list reader and merge (their output must be JSON).
-//!
-//! The wire (HTTP/1.1 framing), each checked against `httparse` and RFC 9112 — a disagreement is
-//! a panic, so a finding:
-//! - [`server_h1`]: a client's bytes → the lean server's request heads (`server::h1::parse_head`)
-//!   and bodies (Content-Length), pipelined, read whole and in pieces.
-//! - [`upstream_h1`]: a backend's bytes → the lean client's answer head
-//!   (`upstream::h1::parse_head`) and body (Content-Length, chunked, to the close), read whole
-//!   and in pieces.
-//!
-//! All are deterministic and bounded: no I/O, no runtime, no clock.
+//! The wire targets: the lean HTTP/1.1 server and client, each checked against `httparse`
+//! and an RFC 9112 reference written here for the purpose — a disagreement is a panic.
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
-use std::sync::OnceLock;
+use http::{HeaderName, HeaderValue, StatusCode, Version};
 
-use crate::auth::Auth;
-use crate::frontend::{self, Head};
-use crate::protocol;
 use crate::server::h1::{self as server, Stop};
 use crate::upstream::UpstreamError;
 use crate::upstream::h1::{self as client, Framing, H1Error, HeaderSpots, Step};
-
-/// Input layout: header lines `name: value\n` up to the first `\0`, then the body.
-pub fn front_end(data: &[u8]) {
-    let (head, body) = match data.iter().position(|b| *b == 0) {
-        Some(i) => (&data[..i], &data[i + 1..]),
-        None => (&data[..0], data),
-    };
-    let mut headers = HeaderMap::new();
-    for line in head.split(|b| *b == b'\n') {
-        let Some(colon) = line.iter().position(|b| *b == b':') else {
-            continue;
-        };
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(&line[..colon]),
-            HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
-        ) else {
-            continue;
-        };
-        headers.append(name, value);
-    }
-    let seen = frontend::Seen::scan(&headers);
-    let _ = frontend::check_origin(&seen, &[]);
-    let _ = frontend::check_content(&seen);
-    let head = Head::from_seen(&seen);
-    if let Ok(frontend::Era::Modern) = frontend::era(&head, body)
-        && let Ok(mh) = frontend::check_modern_head(&head)
-        && let Ok(env) = protocol::parse_envelope(body)
-    {
-        let verified = frontend::verify_modern(&head, &mh, &env);
-        // The safety argument of header routing: once verified, the headers say what the body says.
-        if verified.is_ok() && env.kind == protocol::Kind::Request {
-            assert_eq!(mh.method, Some(env.method.as_str()));
-            if protocol::name_field(&env.method).is_some() {
-                assert_eq!(mh.name, env.name.as_deref());
-            }
-        }
-    }
-    let _ = protocol::sniff_id(body);
-    members_as_serde(body);
-    let _ = protocol::decode_header_value(body);
-    if let Some(token) = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        let _ = jwt_auth().check_jwt(token);
-    }
-    let _ = crate::auth::parse_jwks(body);
-}
-
-/// `jsonrpc::parse_members` is our own scanner standing in for serde_json: it must read every
-/// text as serde does.
-fn members_as_serde(text: &[u8]) {
-    if let Ok(text) = std::str::from_utf8(text) {
-        crate::jsonrpc::agrees_with_serde(text);
-        protocol::levels_agree(text);
-    }
-}
-
-/// An `Auth` in JWT mode with one HS256 key, for the token parser.
-fn jwt_auth() -> &'static Auth {
-    static AUTH: OnceLock<Auth> = OnceLock::new();
-    AUTH.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("portico-fuzz-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        let jwks = dir.join("jwks.json");
-        let _ = std::fs::write(
-            &jwks,
-            br#"{"keys":[{"kty":"oct","kid":"k","k":"c2VjcmV0"}]}"#,
-        );
-        let cfg = crate::config::AuthConfig {
-            mode: crate::config::AuthMode::Jwt,
-            jwt: Some(crate::config::JwtConfig {
-                jwks_file: Some(jwks),
-                jwks_url: None,
-                ca_file: None,
-                jwks_refresh_ms: crate::config::DEFAULT_JWKS_REFRESH_MS,
-                issuer: Some("i".into()),
-                audience: Some("a".into()),
-                team_claim: "team".into(),
-                default_team: None,
-                leeway_s: 0,
-            }),
-            ..Default::default()
-        };
-        Auth::build(&cfg, "http://127.0.0.1:8787".into())
-            .unwrap_or_else(|e| panic!("fuzz auth config: {e}"))
-    })
-}
-
-/// Input layout: first byte picks the HTTP status, the rest is an upstream body read as SSE
-/// (in chunks split at `\x01`), and each event as a JSON-RPC message.
-pub fn upstream_answer(data: &[u8]) {
-    let Some((&s, rest)) = data.split_first() else {
-        return;
-    };
-    let status = [200, 202, 400, 404, 405, 500, 502][usize::from(s) % 7];
-    let mut dec = crate::sse::SseDecoder::new(64 * 1024);
-    let mut messages = Vec::new();
-    for chunk in rest.split(|b| *b == 1) {
-        dec.push(chunk);
-        loop {
-            match dec.next_event() {
-                Ok(Some(ev)) => messages.push(ev),
-                Ok(None) => break,
-                Err(_) => return,
-            }
-        }
-    }
-    if let Some(ev) = dec.finish() {
-        messages.push(ev);
-    }
-    messages.push(Bytes::copy_from_slice(rest));
-    for m in &messages {
-        members_as_serde(m);
-        let _ = protocol::parse_envelope(m);
-        let _ = crate::protocol::is_response(m);
-        for method in ["tools/list", "resources/read", "server/discover"] {
-            let _ = crate::cache::classify(method, false, m, 60_000);
-        }
-    }
-    let _ = crate::bridge::classify_http(status, &messages);
-    let _ = crate::bridge::classify_stdio(Some(&messages));
-    for m in &messages {
-        crate::bridge::fuzz_translate(m);
-        merge_answer(m);
-    }
-}
-
-/// A member's answer read and merged as an aggregated endpoint does, under each list kind:
-/// the merged items must always be a JSON array.
-fn merge_answer(m: &[u8]) {
-    use crate::merge::{self, ListAnswer, ListKind, Naming};
-    let namings = [
-        Naming {
-            backend: "a".into(),
-            prefix: "a".into(),
-            tools: Default::default(),
-        },
-        Naming {
-            backend: "b".into(),
-            prefix: String::new(),
-            tools: Default::default(),
-        },
-    ];
-    for kind in [ListKind::Tools, ListKind::Resources] {
-        let pages: Vec<_> = (0..2)
-            .filter_map(|i| match merge::read_list_answer(kind, i, m) {
-                ListAnswer::Page(p) => Some(p),
-                _ => None,
-            })
-            .collect();
-        if let Ok(merged) = merge::merge_list(kind, &namings, "__", &pages) {
-            let items: Result<Vec<serde::de::IgnoredAny>, _> =
-                serde_json::from_slice(&merged.items);
-            assert!(
-                items.is_ok_and(|v| v.len() == merged.count),
-                "merged items are not an array of {}: {}",
-                merged.count,
-                String::from_utf8_lossy(&merged.items)
-            );
-        }
-    }
-}
-
-// ------------------------------------------------------------------------------------------------
-// The wire: the lean HTTP/1.1 server's request heads and the lean client's answers.
 
 /// `[server] max_header_bytes` while fuzzing: small, so inputs reach the limit.
 pub const SERVER_MAX_HEAD: usize = 1024;
@@ -232,7 +44,7 @@ pub const UPSTREAM_H1_SEEDS: &[&[u8]] = &[
 
 /// What the lean server made of the next request in its buffer.
 #[derive(Debug, Clone, PartialEq)]
-enum Decision {
+pub(super) enum Decision {
     /// More bytes are needed.
     Incomplete,
     /// Hyper serves the connection from here, every byte read so far included.
@@ -308,7 +120,7 @@ pub fn server_h1(wire: &[u8]) -> &'static str {
 
 /// The lean server's `read_head` over `wire` arriving in reads of `sizes` (cycled; none: one
 /// read): its first decision.
-fn server_first(wire: &[u8], sizes: &[usize]) -> Decision {
+pub(super) fn server_first(wire: &[u8], sizes: &[usize]) -> Decision {
     let mut spots = HeaderSpots::default();
     let mut buf = BytesMut::new();
     let mut fed = 0;
@@ -329,7 +141,7 @@ fn server_first(wire: &[u8], sizes: &[usize]) -> Decision {
 
 /// The reference's verdict on one request head.
 #[derive(Debug)]
-enum RefRequest {
+pub(super) enum RefRequest {
     Incomplete,
     Handoff,
     Refuse(u16),
@@ -341,17 +153,17 @@ enum RefRequest {
 }
 
 #[derive(Debug)]
-struct RefHead {
-    len: usize,
-    method: String,
-    target: String,
-    headers: Vec<(String, Vec<u8>)>,
-    content_length: u64,
-    keep_alive: bool,
+pub(super) struct RefHead {
+    pub(super) len: usize,
+    pub(super) method: String,
+    pub(super) target: String,
+    pub(super) headers: Vec<(String, Vec<u8>)>,
+    pub(super) content_length: u64,
+    pub(super) keep_alive: bool,
 }
 
 /// SP / HTAB trimmed off both ends (OWS, RFC 9110 §5.6.3).
-fn trim_ows(mut v: &[u8]) -> &[u8] {
+pub(super) fn trim_ows(mut v: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = v {
         v = rest;
     }
@@ -362,7 +174,7 @@ fn trim_ows(mut v: &[u8]) -> &[u8] {
 }
 
 /// A Content-Length element: 1*DIGIT, at most 19 digits (portico's bound: no overflow).
-fn ref_length(v: &[u8]) -> Option<u64> {
+pub(super) fn ref_length(v: &[u8]) -> Option<u64> {
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
@@ -371,7 +183,7 @@ fn ref_length(v: &[u8]) -> Option<u64> {
 
 /// The elements of a comma-separated list over all field lines named `name` (OWS trimmed,
 /// empty ones kept).
-fn list_elements<'a>(
+pub(super) fn list_elements<'a>(
     headers: &'a [httparse::Header<'a>],
     name: &'a str,
 ) -> impl Iterator<Item = &'a [u8]> + 'a {
@@ -385,7 +197,7 @@ fn list_elements<'a>(
 /// The reference for one request head at the front of `b`, from `httparse`'s own parse (its
 /// standard API, not the uninitialised-slots one portico calls), RFC 9112 and what the lean
 /// server leaves to hyper — written from those rules, not from `server::h1`.
-fn reference_request(b: &[u8]) -> RefRequest {
+pub(super) fn reference_request(b: &[u8]) -> RefRequest {
     // A client that may be starting the HTTP/2 preface (prior-knowledge h2c) is hyper's.
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     let n = b.len().min(14);
@@ -461,7 +273,7 @@ fn reference_request(b: &[u8]) -> RefRequest {
 
 /// Panics unless portico's decision on the head at the front of `input` is the reference's.
 /// `rest` is what `parse_head` left in the buffer.
-fn check_request(
+pub(super) fn check_request(
     input: &[u8],
     got: &Result<Option<server::Head>, Stop>,
     rest: &[u8],
@@ -561,7 +373,7 @@ fn check_request(
 }
 
 /// `wire` as a sequence of reads: pieces of the sizes in `sizes` (cycled; none: one read).
-fn reads<'a>(wire: &'a [u8], sizes: &'a [usize]) -> impl Iterator<Item = &'a [u8]> + 'a {
+pub(super) fn reads<'a>(wire: &'a [u8], sizes: &'a [usize]) -> impl Iterator<Item = &'a [u8]> + 'a {
     let mut at = 0;
     let mut i = 0;
     std::iter::from_fn(move || {
@@ -581,7 +393,7 @@ fn reads<'a>(wire: &'a [u8], sizes: &'a [usize]) -> impl Iterator<Item = &'a [u8
 
 /// The read sizes each input is also decoded with, besides one read of everything: a cut at a
 /// point the input picks, small uneven reads, and (for short inputs) one byte at a time.
-fn segmentations(wire: &[u8]) -> Vec<Vec<usize>> {
+pub(super) fn segmentations(wire: &[u8]) -> Vec<Vec<usize>> {
     let hash = wire.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -595,21 +407,21 @@ fn segmentations(wire: &[u8]) -> Vec<Vec<usize>> {
 
 /// What the lean client made of an answer.
 #[derive(Debug, PartialEq)]
-struct Answer {
-    status: u16,
-    http10: bool,
+pub(super) struct Answer {
+    pub(super) status: u16,
+    pub(super) http10: bool,
     /// How the body was delimited: `length`, `chunked`, `close`.
-    framing: &'static str,
+    pub(super) framing: &'static str,
     /// The header fields kept for the relay and the bridge, by name (stable).
-    headers: Vec<(String, Vec<u8>)>,
-    body: Vec<u8>,
+    pub(super) headers: Vec<(String, Vec<u8>)>,
+    pub(super) body: Vec<u8>,
     /// Whether the connection would go back to the pool.
-    reusable: bool,
+    pub(super) reusable: bool,
 }
 
 /// Where an answer broke.
 #[derive(Debug, PartialEq, Clone, Copy)]
-enum Broke {
+pub(super) enum Broke {
     /// The stream ended before a complete head.
     NoHead,
     /// The head was refused: malformed, too large, a bad status, a protocol switch, bad length
@@ -667,7 +479,7 @@ pub fn upstream_h1(wire: &[u8]) -> &'static str {
 /// The lean client's reading of `wire` arriving in reads of `sizes` (cycled; none: one read):
 /// `Conn::poll_head`, then the body as `H1Body` steps it (`settle` after the head and after each
 /// data frame, its errors left for the next step).
-fn client_answer(wire: &[u8], sizes: &[usize]) -> Result<Answer, (Broke, &'static str)> {
+pub(super) fn client_answer(wire: &[u8], sizes: &[usize]) -> Result<Answer, (Broke, &'static str)> {
     let mut pieces = reads(wire, sizes);
     let mut buf = BytesMut::new();
     let mut spots = HeaderSpots::default();
@@ -743,7 +555,7 @@ fn client_answer(wire: &[u8], sizes: &[usize]) -> Result<Answer, (Broke, &'stati
 }
 
 /// Why `parse_head` refused an answer head, as a fixed string.
-fn head_why(e: &UpstreamError) -> &'static str {
+pub(super) fn head_why(e: &UpstreamError) -> &'static str {
     let UpstreamError::Protocol(message) = e else {
         panic!("parse_head failed with {e}");
     };
@@ -763,7 +575,7 @@ fn head_why(e: &UpstreamError) -> &'static str {
 
 /// A field line (RFC 9110 §5.1, RFC 9112 §5): a token, a colon, then field octets (no CTL but
 /// HTAB).
-fn ref_field_line(line: &[u8]) -> bool {
+pub(super) fn ref_field_line(line: &[u8]) -> bool {
     let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     let name = line.iter().take_while(|&&b| tchar(b)).count();
     name > 0
@@ -776,7 +588,7 @@ fn ref_field_line(line: &[u8]) -> bool {
 /// The next line of a chunked body, without its CRLF: it must end in CRLF (RFC 9112 §7.1; §2.2
 /// allows a bare LF only in the start line and header fields) and, CRLF included, be at most
 /// `MAX_LINE_BYTES` long.
-fn ref_line(rest: &[u8]) -> Result<&[u8], Broke> {
+pub(super) fn ref_line(rest: &[u8]) -> Result<&[u8], Broke> {
     match rest.iter().position(|&b| b == b'\n') {
         Some(i) if i + 1 > client::MAX_LINE_BYTES => Err(Broke::Chunked),
         Some(i) if i >= 1 && rest[i - 1] == b'\r' => Ok(&rest[..i - 1]),
@@ -789,7 +601,7 @@ fn ref_line(rest: &[u8]) -> Result<&[u8], Broke> {
 /// A chunk-size line (RFC 9112 §7.1): 1 to 15 hex digits (portico's bound), then SP/HTAB
 /// (which RFC 9112 does not allow there, but hyper and httparse read), then nothing, or `;` and
 /// extensions, whose octets must be field octets but are otherwise ignored.
-fn ref_chunk_size(line: &[u8]) -> Option<u64> {
+pub(super) fn ref_chunk_size(line: &[u8]) -> Option<u64> {
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if !(1..=15).contains(&digits) {
         return None;
@@ -810,7 +622,7 @@ fn ref_chunk_size(line: &[u8]) -> Option<u64> {
 
 /// A chunked body at the front of `rest` (RFC 9112 §7.1): the data and what follows the body.
 /// Each chunk-size line and the trailer section are checked against `httparse`'s reading.
-fn ref_chunked(mut rest: &[u8]) -> Result<(Vec<u8>, &[u8]), Broke> {
+pub(super) fn ref_chunked(mut rest: &[u8]) -> Result<(Vec<u8>, &[u8]), Broke> {
     let mut body = Vec::new();
     loop {
         let line = ref_line(rest)?;
@@ -863,7 +675,7 @@ fn ref_chunked(mut rest: &[u8]) -> Result<(Vec<u8>, &[u8]), Broke> {
 /// The reference reading of one answer on a connection: `httparse`'s parse of each head
 /// (interim 1xx answers skipped; 101 refused: portico never asks to switch), RFC 9112 §6.3 for
 /// the body's length, §7.1 for chunked — written from those rules, not from `upstream::h1`.
-fn reference_answer(wire: &[u8]) -> Result<Answer, Broke> {
+pub(super) fn reference_answer(wire: &[u8]) -> Result<Answer, Broke> {
     let mut at = 0;
     loop {
         let b = &wire[at..];
@@ -973,266 +785,5 @@ fn reference_answer(wire: &[u8]) -> Result<Answer, Broke> {
             body,
             reusable: !faulty && !close && !http10 && after.is_empty(),
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! The stable-toolchain smoke run: seeds plus random mutations through both entry points.
-
-    use super::*;
-
-    const SEEDS: &[&[u8]] = &[
-        b"mcp-protocol-version: 2026-07-28\nmcp-method: tools/call\nmcp-name: echo\ncontent-type: application/json\naccept: application/json, text/event-stream\nauthorization: Bearer a.b.c\0{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"_meta\":{\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\",\"io.modelcontextprotocol/clientCapabilities\":{}}}}",
-        b"mcp-name: =?base64?ZWNobw==?=\nmcp-method: tools/call\0{\"jsonrpc\":\"2.0\",\"id\":\"x\",\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}",
-        b"\0{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{}}",
-        b"\x00event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"supportedVersions\":[\"2026-07-28\"],\"ttlMs\":5,\"cacheScope\":\"public\",\"resultType\":\"complete\"}}\n\n",
-        b"\x02data: {\"jsonrpc\":\"2.0\",\"id\":1,\x01\"error\":{\"code\":-32601}}\r\n\r\n: keepalive\n\n",
-        // A member's list page / a legacy server's answer to upstream id 7.
-        b"\x00{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"tools\":[{\"name\":\"t\\u00e9\",\"inputSchema\":{\"type\":\"object\"}},{\"uri\":\"x://y\",\"name\":\"r\"},7],\"nextCursor\":\"c\",\"ttlMs\":5,\"cacheScope\":\"public\",\"_meta\":{\"k\":1.50}}}",
-        b"\x00{\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32002,\"message\":\"gone\"}}",
-        // A 2026-07-28 request as the bridge sends it up.
-        b"\x00{\"jsonrpc\":\"2.0\",\"id\":\"c\",\"method\":\"tools/call\",\"params\":{\"name\":\"t\",\"arguments\":{\"a\":[1e3]},\"_meta\":{\"progressToken\":3,\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\"}}}",
-        // Every kind of JSON value, escapes and whitespace, for the members scanner.
-        b"\x00{ \"a\" :\t[ -0.5e+3 , 0 , 12E-2, true , false, null , \"\\u00e9\\n\\\"/\\/\" , { \"b\" : { } , \"c\":[[]] } ] ,\r\n\"c\\u0041\":\"x\" , \"\":{}}\n",
-    ];
-
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-    }
-
-    fn mutate(rng: &mut Rng, input: &mut Vec<u8>) {
-        for _ in 0..(1 + rng.next() % 4) {
-            let len = input.len().max(1);
-            let at = (rng.next() as usize) % len;
-            match rng.next() % 5 {
-                0 if !input.is_empty() => {
-                    let i = at.min(input.len() - 1);
-                    input[i] = rng.next() as u8;
-                }
-                1 if !input.is_empty() => {
-                    input.remove(at.min(input.len() - 1));
-                }
-                2 => input.insert(
-                    at.min(input.len()),
-                    b"{}[]\":,\\\n\0=?"[(rng.next() % 12) as usize],
-                ),
-                3 if input.len() > 2 => input.truncate(at),
-                _ => {
-                    let from = (rng.next() as usize) % len;
-                    let piece: Vec<u8> = input.iter().skip(from).take(8).copied().collect();
-                    let at = at.min(input.len());
-                    input.splice(at..at, piece);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn smoke_both_targets() {
-        let runs: u64 = std::env::var("PORTICO_FUZZ_RUNS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20_000);
-        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        for i in 0..runs {
-            let mut input = SEEDS[(i as usize) % SEEDS.len()].to_vec();
-            mutate(&mut rng, &mut input);
-            front_end(&input);
-            upstream_answer(&input);
-        }
-    }
-
-    /// Pieces of HTTP/1.1 the wire mutator splices in.
-    const WIRE_TOKENS: &[&[u8]] = &[
-        b"\r\n",
-        b"\n",
-        b"\r",
-        b" ",
-        b"\t",
-        b":",
-        b",",
-        b";",
-        b"#",
-        b"0",
-        b"7",
-        b"a",
-        b"F",
-        b"fffffffffffffff",
-        b"\r\n\r\n",
-        b"0\r\n\r\n",
-        b"3\r\nabc\r\n",
-        b"1;x=\"y\"\r\nz\r\n",
-        b"Content-Length: ",
-        b"content-length: 0\r\n",
-        b"Content-Length: 3, 3\r\n",
-        b"Content-Length: 4\r\n",
-        b"Transfer-Encoding: ",
-        b"chunked",
-        b"gzip, chunked",
-        b"chunked, ",
-        b"transfer-encoding: chunked\r\n",
-        b"Connection: close\r\n",
-        b"Expect: 100-continue\r\n",
-        b"Upgrade: h2c\r\n",
-        b"HTTP/1.0",
-        b"HTTP/1.1 ",
-        b"HTTP/1.1 100 Continue\r\n\r\n",
-        b"PRI * HTTP/2.0",
-        b"x-trailer: 1\r\n",
-        b"Mcp-Session-Id: s\r\n",
-        b"Content-Type: a/b\r\n",
-        b"Retry-After: 1\r\n",
-        b"\x00",
-        b"\x7f",
-        b"\xff",
-        b"?q=1",
-        b"http://h",
-        b"204",
-        b"304",
-        b"101",
-    ];
-
-    /// One to four edits: a byte replaced, a token inserted (anywhere, or at the start of a
-    /// line), a range removed, a line repeated, the input cut short, a byte's case flipped.
-    fn mutate_wire(rng: &mut Rng, input: &mut Vec<u8>) {
-        for _ in 0..(1 + rng.next() % 4) {
-            let at = (rng.next() as usize) % (input.len() + 1);
-            match rng.next() % 8 {
-                0 if at < input.len() => input[at] = rng.next() as u8,
-                1 | 2 => {
-                    let token = WIRE_TOKENS[(rng.next() as usize) % WIRE_TOKENS.len()];
-                    input.splice(at..at, token.iter().copied());
-                }
-                3 if at < input.len() => {
-                    let end = (at + 1 + (rng.next() as usize) % 8).min(input.len());
-                    input.drain(at..end);
-                }
-                4 => {
-                    // Repeat the line that holds `at` (a header field, a chunk).
-                    let start = input[..at]
-                        .iter()
-                        .rposition(|b| *b == b'\n')
-                        .map_or(0, |i| i + 1);
-                    let end = input[at..]
-                        .iter()
-                        .position(|b| *b == b'\n')
-                        .map_or(input.len(), |i| at + i + 1);
-                    let line = input[start..end].to_vec();
-                    input.splice(end..end, line);
-                }
-                5 if input.len() > 4 => input.truncate(at),
-                6 if at < input.len() && input[at].is_ascii_alphabetic() => input[at] ^= 0x20,
-                7 => {
-                    let start = input[..at]
-                        .iter()
-                        .rposition(|b| *b == b'\n')
-                        .map_or(0, |i| i + 1);
-                    let token = WIRE_TOKENS[(rng.next() as usize) % WIRE_TOKENS.len()];
-                    input.splice(start..start, token.iter().copied());
-                }
-                _ => {}
-            }
-        }
-    }
-
-    fn runs() -> u64 {
-        std::env::var("PORTICO_FUZZ_RUNS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(20_000)
-    }
-
-    /// Seeds (each as it is, then mutated) through a wire entry point; the tally of outcomes.
-    fn smoke_wire(
-        seeds: &[&[u8]],
-        seed: u64,
-        target: fn(&[u8]) -> &'static str,
-    ) -> std::collections::BTreeMap<&'static str, u64> {
-        let mut rng = Rng(seed);
-        let mut tally = std::collections::BTreeMap::new();
-        for s in seeds {
-            *tally.entry(target(s)).or_insert(0) += 1;
-        }
-        for i in 0..runs() {
-            let mut input = seeds[(i as usize) % seeds.len()].to_vec();
-            mutate_wire(&mut rng, &mut input);
-            *tally.entry(target(&input)).or_insert(0) += 1;
-        }
-        eprintln!("{tally:#?}");
-        tally
-    }
-
-    /// The seeded smoke run of the server's request parser: every request portico accepts,
-    /// refuses or hands to hyper is checked against httparse and RFC 9112 (a disagreement
-    /// panics), and the mutations reach each kind of outcome.
-    #[test]
-    fn smoke_server_h1() {
-        let tally = smoke_wire(SERVER_H1_SEEDS, 0x5EED_0001_D1FF_C0DE, server_h1);
-        let n = |k: &str| tally.get(k).copied().unwrap_or(0);
-        let floor = (runs() / 2_000).max(1);
-        for outcome in [
-            "served",
-            "served, closed (Connection: close)",
-            "body over the limit: 413, closed",
-            "handed to hyper",
-            "malformed HTTP request head",
-            "head incomplete",
-            "invalid Content-Length",
-            "conflicting Content-Length headers",
-            "malformed request target",
-        ] {
-            assert!(n(outcome) >= floor, "{outcome}: {tally:?}");
-        }
-    }
-
-    /// The seeded smoke run of the upstream client's answer parser and body decoder: every
-    /// answer is checked against httparse and RFC 9112, whole and in pieces (a disagreement
-    /// panics), and the mutations reach each kind of outcome.
-    #[test]
-    fn smoke_upstream_h1() {
-        let tally = smoke_wire(UPSTREAM_H1_SEEDS, 0x5EED_0002_D1FF_C0DE, upstream_h1);
-        let n = |k: &str| tally.get(k).copied().unwrap_or(0);
-        let floor = (runs() / 2_000).max(1);
-        for outcome in [
-            "length, reused",
-            "length, closed",
-            "chunked, reused",
-            "chunked, closed",
-            "to the close",
-            "bad answer head",
-            "bad content-length",
-            "malformed chunked encoding",
-            "closed inside the body",
-            "closed before an answer",
-        ] {
-            assert!(n(outcome) >= floor, "{outcome}: {tally:?}");
-        }
-    }
-
-    /// Writes the seeds as libFuzzer's starting corpus (`fuzz/seeds/<target>/`):
-    /// `cargo test --lib fuzz::tests::write_seed_corpus -- --ignored`.
-    #[test]
-    #[ignore = "writes files: run by hand when the seeds change"]
-    fn write_seed_corpus() {
-        for (target, seeds) in [
-            ("server_h1", SERVER_H1_SEEDS),
-            ("upstream_h1", UPSTREAM_H1_SEEDS),
-        ] {
-            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("fuzz/seeds")
-                .join(target);
-            std::fs::create_dir_all(&dir).unwrap();
-            for (i, s) in seeds.iter().enumerate() {
-                std::fs::write(dir.join(format!("seed-{i:02}")), s).unwrap();
-            }
-        }
     }
 }

@@ -1,0 +1,169 @@
+//! The configuration's load → parse → validate rules, case by case.
+
+use super::*;
+
+fn check(text: &str) -> Result<Config, ConfigError> {
+    validate(parse(text)?)
+}
+
+#[test]
+fn minimal_and_defaults() {
+    let c = check("[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n").unwrap();
+    assert_eq!(c.server.listen, DEFAULT_LISTEN);
+    assert_eq!(c.backends[0].timeout_ms, DEFAULT_TIMEOUT_MS);
+    assert_eq!(c.server.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+}
+
+#[test]
+fn errors_name_the_key() {
+    let unknown = check("[server]\nlisten = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
+    assert!(unknown.to_string().contains("listen_port"), "{unknown}");
+    let dup =
+        check("[[backends]]\nname='a'\nbuiltin='demo'\n[[backends]]\nname='a'\nbuiltin='demo'\n")
+            .unwrap_err();
+    assert!(dup.to_string().contains("backends[1].name"), "{dup}");
+    let both = check("[[backends]]\nname='a'\nbuiltin='demo'\nurl='http://x/'\n").unwrap_err();
+    assert!(both.to_string().contains("backends[0]"), "{both}");
+    let neither = check("[[backends]]\nname='a'\n").unwrap_err();
+    assert!(neither.to_string().contains("exactly one"), "{neither}");
+    let env = check(
+        "[[backends]]\nname='a'\nurl='http://x/'\nheaders={A='${PORTICO_SURELY_UNSET_VAR}'}\n",
+    )
+    .unwrap_err();
+    assert!(env.to_string().contains("backends[0].headers.A"), "{env}");
+    let ep = check(
+        "[[backends]]\nname='a'\nbuiltin='demo'\n[[endpoints]]\npath='/mcp'\nbackends=['b']\n",
+    )
+    .unwrap_err();
+    assert!(ep.to_string().contains("endpoints[0].backends[0]"), "{ep}");
+}
+
+#[test]
+fn metrics_section() {
+    let none = check("[[backends]]\nname='a'\nbuiltin='demo'\n").unwrap();
+    assert!(none.metrics.is_none(), "no [metrics], no listener");
+    let m = check("[metrics]\n[[backends]]\nname='a'\nbuiltin='demo'\n").unwrap();
+    let m = m.metrics.unwrap();
+    assert_eq!(m.listen, DEFAULT_METRICS_LISTEN);
+    assert_eq!(m.ready_min_backends, DEFAULT_READY_MIN_BACKENDS);
+    let bad = check("[metrics]\nlisten='nope'\n").unwrap_err();
+    assert!(bad.to_string().contains("metrics.listen"), "{bad}");
+    let many = check("[metrics]\nready_min_backends=2\n[[backends]]\nname='a'\nbuiltin='demo'\n")
+        .unwrap_err();
+    assert!(
+        many.to_string().contains("metrics.ready_min_backends"),
+        "{many}"
+    );
+    let same = check("[server]\nlisten='127.0.0.1:9000'\n[metrics]\nlisten='127.0.0.1:9000'\nready_min_backends=0\n")
+        .unwrap_err();
+    assert!(same.to_string().contains("metrics.listen"), "{same}");
+    let unknown = check("[metrics]\nport=3\n").unwrap_err();
+    assert!(unknown.to_string().contains("port"), "{unknown}");
+}
+
+#[test]
+fn tracing_section() {
+    let off = check("[[backends]]\nname='a'\nbuiltin='demo'\n").unwrap();
+    assert!(
+        off.tracing.otlp_endpoint.is_none(),
+        "no endpoint, no tracing"
+    );
+    assert_eq!(off.tracing.sampling_ratio, DEFAULT_SAMPLING_RATIO);
+    assert_eq!(off.tracing.service_name, DEFAULT_SERVICE_NAME);
+    let on =
+        check("[tracing]\notlp_endpoint='http://127.0.0.1:4318'\nsampling_ratio=0.25\n").unwrap();
+    assert_eq!(on.tracing.sampling_ratio, 0.25);
+    for (text, key) in [
+        ("[tracing]\nsampling_ratio=1.5\n", "tracing.sampling_ratio"),
+        ("[tracing]\nsampling_ratio=-0.1\n", "tracing.sampling_ratio"),
+        ("[tracing]\nsampling_ratio=nan\n", "tracing.sampling_ratio"),
+        (
+            "[tracing]\notlp_endpoint='https://c:4318'\n",
+            "tracing.otlp_endpoint",
+        ),
+        (
+            "[tracing]\notlp_endpoint='c:4318'\n",
+            "tracing.otlp_endpoint",
+        ),
+        ("[tracing]\nservice_name=' '\n", "tracing.service_name"),
+        ("[tracing]\nendpoint='http://c'\n", "endpoint"),
+    ] {
+        let e = check(text).unwrap_err();
+        assert!(e.to_string().contains(key), "{text:?}: {e}");
+    }
+}
+
+#[test]
+fn endpoint_rules() {
+    let two = "[[backends]]\nname='a'\nbuiltin='demo'\n[[backends]]\nname='b'\nbuiltin='demo'\n";
+    let ok = check(&format!(
+        "{two}[[endpoints]]\npath='/mcp'\nbackends=['a',{{name='b',prefix='',tools={{deny=['x*']}}}}]\n"
+    ))
+    .unwrap();
+    assert_eq!(ok.endpoints[0].separator, DEFAULT_SEPARATOR);
+    assert_eq!(ok.endpoints[0].failure_mode, FailureMode::Open);
+    let clash = check(&format!(
+        "{two}[[endpoints]]\npath='/mcp/a'\nbackends=['a','b']\n"
+    ))
+    .unwrap_err();
+    assert!(clash.to_string().contains("endpoints[0].path"), "{clash}");
+    let bare = check(&format!(
+        "{two}[[endpoints]]\npath='/mcp'\nbackends=[{{name='a',prefix='',tools={{allow=['t']}}}},{{name='b',prefix='',tools={{allow=['t']}}}}]\n"
+    ))
+    .unwrap_err();
+    let msg = bare.to_string();
+    assert!(msg.contains("\"a\"") && msg.contains("\"b\""), "{msg}");
+    let same_prefix = check(&format!(
+        "{two}[[endpoints]]\npath='/mcp'\nbackends=['a',{{name='b',prefix='a'}}]\n"
+    ))
+    .unwrap_err();
+    assert!(same_prefix.to_string().contains("prefix"), "{same_prefix}");
+    let sep = check(&format!(
+        "{two}[[endpoints]]\npath='/mcp'\nbackends=[{{name='a',prefix='x__y'}}]\n"
+    ))
+    .unwrap_err();
+    assert!(sep.to_string().contains("separator"), "{sep}");
+    let empty_glob = check(&format!(
+        "{two}[[endpoints]]\npath='/mcp'\nbackends=[{{name='a',tools={{deny=['']}}}}]\n"
+    ))
+    .unwrap_err();
+    assert!(
+        empty_glob.to_string().contains("tools.deny"),
+        "{empty_glob}"
+    );
+}
+
+#[test]
+fn cache_redis_keys() {
+    let c = check("[cache]\nredis_url = 'rediss://:pw@redis.example:6380/2'\n").unwrap();
+    assert_eq!(c.cache.redis_timeout_ms, DEFAULT_REDIS_TIMEOUT_MS);
+    assert_eq!(c.cache.redis_prefix, DEFAULT_REDIS_PREFIX);
+    assert!(c.cache.local);
+    let scheme = check("[cache]\nredis_url = 'http://:secret@x:1'\n").unwrap_err();
+    assert!(scheme.to_string().contains("cache.redis_url"), "{scheme}");
+    assert!(!scheme.to_string().contains("secret"), "{scheme}");
+    let env = check("[cache]\nredis_url = 'redis://:${PORTICO_SURELY_UNSET_VAR}@x'\n").unwrap_err();
+    assert!(
+        env.to_string().contains("PORTICO_SURELY_UNSET_VAR"),
+        "{env}"
+    );
+    let local = check("[cache]\nlocal = false\n").unwrap_err();
+    assert!(local.to_string().contains("cache.local"), "{local}");
+    let timeout = check("[cache]\nredis_url = 'redis://x'\nredis_timeout_ms = 0\n").unwrap_err();
+    assert!(
+        timeout.to_string().contains("cache.redis_timeout_ms"),
+        "{timeout}"
+    );
+}
+
+#[test]
+fn env_expansion() {
+    // SAFETY of the test: PATH is always set in a test environment.
+    let path = std::env::var("PATH").unwrap();
+    assert_eq!(expand_env("a${PATH}b").unwrap(), format!("a{path}b"));
+    assert_eq!(expand_env("no vars").unwrap(), "no vars");
+    assert_eq!(
+        expand_env("${PORTICO_SURELY_UNSET_VAR}").unwrap_err(),
+        "PORTICO_SURELY_UNSET_VAR"
+    );
+}

@@ -1,0 +1,215 @@
+//! What the step is given and gives back: the config generation's [`Core`], the
+//! per-request [`RequestCtx`], how a backend's names are exposed ([`Exposure`]), the
+//! [`Message`] to send and the [`Answer`].
+
+use super::*;
+
+/// What a request needs of its config generation besides the routes: the parts the
+/// per-backend step, aggregation and the legacy-client front consult.
+pub struct Core {
+    pub config: Config,
+    /// Seals and opens legacy-client session ids (and aggregated cursors).
+    pub sessions: Sessions,
+    /// Outlives config generations, so counters survive reloads.
+    pub metrics: Arc<Metrics>,
+    /// The shared list cache of this generation (a reload starts empty: the config that
+    /// shaped the entries may have changed).
+    pub cache: Arc<Cache>,
+    /// Change-notification streams that keep `cache` honest.
+    pub watchers: Watchers,
+    /// Authentication, team policy and rate limits.
+    pub auth: Auth,
+    /// Calls in flight on shared upstreams, so a client's cancel finds its own (`calls`).
+    pub calls: Arc<calls::Calls>,
+    /// What initialize-era clients asked to hear (`clients`).
+    pub clients: Arc<clients::Clients>,
+}
+
+/// Everything known about one request, filled in as it moves through the phases and read once
+/// at the exit by metrics and the access log. `Clone` so an aggregated endpoint can give each
+/// concurrent part request its own copy.
+#[derive(Clone)]
+pub struct RequestCtx {
+    pub start: StdInstant,
+    /// Backend or endpoint name serving the request.
+    pub route: Option<Arc<str>>,
+    /// The backend the request went to (for a backend route, the route itself).
+    pub backend: Option<Arc<str>>,
+    /// The client's W3C `traceparent`, when well-formed (forwarded upstream by the allowlist).
+    pub traceparent: Option<HeaderValue>,
+    /// The request's span, when `[tracing]` is on: upstream attempts become its children and
+    /// carry their own `traceparent` instead of the client's.
+    pub trace: Option<Trace>,
+    /// Time spent waiting for upstream answers.
+    pub upstream: Option<std::time::Duration>,
+    /// The MCP method (from the header or the body).
+    pub method: Option<String>,
+    /// The JSON-RPC id, once read.
+    pub id: Option<RequestId>,
+    /// The request body, kept (a cheap `Bytes` clone) so an error can echo the id lazily.
+    pub body: Bytes,
+    pub era: Option<Era>,
+    /// Whether the body went upstream untouched.
+    pub passthrough: bool,
+    /// Failure reason label, if any.
+    pub error: Option<&'static str>,
+    /// How the shared cache answered (`hit`, `miss`, …), when it was consulted.
+    pub cache: Option<&'static str>,
+    pub status: u16,
+    /// Who is calling, once authenticated (`None` in auth mode `none`).
+    pub principal: Option<Arc<Principal>>,
+    /// When the backend last answered this request (`upstream_since`).
+    pub answered: Option<StdInstant>,
+    /// The caller's rate limit has been charged for this request (once, however many
+    /// backends the request reaches).
+    pub rate_charged: bool,
+    /// portico wrote this 2026-07-28 request on a client's behalf (`portico stdio`), so it also
+    /// builds the headers such a client would (`Mcp-Param-*`, `params::param_headers`).
+    pub built_by_portico: bool,
+    /// An initialize-era client's session (set by `legacy`): whose upstream sessions the
+    /// request uses and which calls its cancel may reach. `None`: a 2026-07-28 client, whose
+    /// owner is its authorization context and declared capabilities.
+    pub client: Option<Arc<bridge::Owner>>,
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RequestCtx {
+    pub fn new() -> RequestCtx {
+        RequestCtx {
+            start: StdInstant::now(),
+            route: None,
+            backend: None,
+            traceparent: None,
+            trace: None,
+            upstream: None,
+            method: None,
+            id: None,
+            body: Bytes::new(),
+            era: None,
+            passthrough: false,
+            error: None,
+            cache: None,
+            status: 0,
+            principal: None,
+            answered: None,
+            rate_charged: false,
+            built_by_portico: false,
+            client: None,
+        }
+    }
+
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.start.elapsed()
+    }
+
+    /// Adds the time since `since` to the upstream wait; the clock reading is kept as the
+    /// moment the backend last answered (`answered`).
+    pub fn upstream_since(&mut self, since: StdInstant) {
+        let now = StdInstant::now();
+        self.add_upstream(now.duration_since(since), now);
+    }
+
+    /// Adds `took` of upstream wait that ended at `at` (the one place both fields change).
+    pub fn add_upstream(&mut self, took: std::time::Duration, at: StdInstant) {
+        self.upstream = Some(self.upstream.unwrap_or_default() + took);
+        self.answered = Some(at);
+    }
+
+    /// The request's age at the backend's last answer, or now when none answered (a cache
+    /// hit, a refusal): the per-tool time without another clock read on the usual path.
+    pub fn age_at_answer(&self) -> std::time::Duration {
+        match self.answered {
+            Some(at) => at.duration_since(self.start),
+            None => self.elapsed(),
+        }
+    }
+
+    /// The id an error answer carries: the parsed one, else whatever the body shows.
+    pub fn error_id(&self) -> Option<RequestId> {
+        self.id.clone().or_else(|| protocol::sniff_id(&self.body))
+    }
+}
+
+/// How a backend's names appear to the client: bare on `/mcp/<name>`, `<prefix><separator>`
+/// before tool and prompt names on an aggregated endpoint. Team policies judge these names.
+#[derive(Clone, Copy, Debug)]
+pub struct Exposure<'a> {
+    pub(super) prefix: &'a str,
+    pub(super) separator: &'a str,
+}
+
+impl<'a> Exposure<'a> {
+    /// A backend on its own URL.
+    pub const DIRECT: Exposure<'static> = Exposure {
+        prefix: "",
+        separator: "",
+    };
+
+    /// A member of an aggregated endpoint (`prefix` `""` = bare names).
+    pub fn member(prefix: &'a str, separator: &'a str) -> Exposure<'a> {
+        Exposure { prefix, separator }
+    }
+
+    /// Whether this is a backend on its own URL (not a member of an aggregated endpoint).
+    pub fn is_direct(&self) -> bool {
+        self.prefix.is_empty() && self.separator.is_empty()
+    }
+
+    /// The name the client sees for the backend's `name`.
+    pub fn name<'n>(&self, name: &'n str) -> Cow<'n, str> {
+        if self.prefix.is_empty() {
+            Cow::Borrowed(name)
+        } else {
+            Cow::Owned(format!("{}{}{name}", self.prefix, self.separator))
+        }
+    }
+}
+
+/// What the step is asked to send.
+#[derive(Clone, Copy)]
+pub enum Message<'a> {
+    /// The client's body, unread (pass-through; see [`can_pass_through`]): only what the
+    /// headers name is known — the method, and for a `tools/call` the decoded `Mcp-Name`.
+    Unread {
+        method: &'a str,
+        name: Option<&'a str>,
+    },
+    /// A parsed message; the body is its exact bytes.
+    Parsed(&'a Envelope),
+    /// A parsed message the caller has judged (its headers agree with it; see [`can_relay`]):
+    /// after the admission checks, its exact bytes are forwarded and the answer relayed like a
+    /// pass-through's, since nothing after the judgement depends on the body.
+    Judged(&'a Envelope),
+}
+
+/// One request for one backend.
+pub struct StepRequest<'a> {
+    /// The client's headers (upstreams forward only an allowlist of them).
+    pub headers: &'a HeaderMap,
+    pub message: Message<'a>,
+    pub body: Bytes,
+    pub exposure: Exposure<'a>,
+    pub deadline: Instant,
+    /// Who checks a modern backend's JSON answer (and then records the outcome on the
+    /// backend's breaker): the upstream, or the caller that reads it whole anyway. A cached
+    /// fetch is always checked by the upstream, since what it stores is served to others.
+    pub check: AnswerCheck,
+}
+
+/// What the step produced.
+pub enum Answer {
+    /// The backend's answer relayed byte for byte (pass-through). Boxed, as is the reply: the
+    /// answer climbs four async frames, and a 16-byte `Answer` moves in registers where a
+    /// 256-byte one took a `memcpy` at each (callgrind: ~11 per pass-through request).
+    Relayed(Box<Response<Body>>),
+    /// Decoded messages, for the caller to render or merge.
+    Reply(Box<Reply>),
+    /// The unread body was refused the way only an initialize-era server refuses: the backend
+    /// has been re-probed. The caller parses the body and takes the step again.
+    Reprobed,
+}
