@@ -6,13 +6,20 @@
 #
 #   C=1 benches/cpu_per_request.sh     # the c=1 wake-up cost (README, "Latency at c = 1")
 #   C=16 D=10 benches/cpu_per_request.sh
+#   C=16 SYSCALLS=1 benches/cpu_per_request.sh   # + where the proxy's time goes (README, "The floor")
 #
 # Prints one line per target: req/s, p50, p99, and µs of CPU per request for the proxy and for
-# the backend. Needs the release build (cargo build --release --bin portico --example
-# bench_backend), wrk and nginx. Every process it starts is stopped when it exits.
+# the backend. SYSCALLS=1 adds, per request: the proxy's user and kernel µs (/proc/<pid>/stat
+# ticks, so run D=5 or more), its system calls, epoll waits and context switches (`perf stat`
+# tracepoints, which slow every call a little: read the counts, not that run's req/s), and the
+# TCP segments the host sent (`nstat`, every process: the same for all three targets when no
+# pure ACKs are sent). Needs the release build (cargo build --release --bin portico --example
+# bench_backend), wrk and nginx (SYSCALLS=1: perf and nstat too). Every process it starts is
+# stopped when it exits.
 set -euo pipefail
 C=${C:-1}
 D=${D:-5}
+SYSCALLS=${SYSCALLS:-0}
 SERVER_CPUS=${SERVER_CPUS:-0}
 LOADGEN_CPUS=${LOADGEN_CPUS:-1}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +30,11 @@ for need in "$BIN" "$BACKEND" "$NGINX"; do
     [[ -x $need ]] || { echo "missing $need (build or install it first)" >&2; exit 1; }
 done
 command -v wrk >/dev/null || { echo "missing wrk" >&2; exit 1; }
+if [[ $SYSCALLS == 1 ]]; then
+    for need in perf nstat; do
+        command -v "$need" >/dev/null || { echo "missing $need (SYSCALLS=1)" >&2; exit 1; }
+    done
+fi
 
 TMP=$(mktemp -d)
 chmod 755 "$TMP" # nginx workers (user nobody) reach their temp dirs
@@ -99,6 +111,9 @@ sleep 0.3
 NW=$(pgrep -P "$NP" | head -1)
 
 ns() { awk '{print $1}' "/proc/$1/schedstat"; }
+ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # utime, stime
+EVENTS=raw_syscalls:sys_enter,syscalls:sys_enter_recvfrom,syscalls:sys_enter_sendto
+EVENTS+=,syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,context-switches
 field() { grep -o "\"$1\":[0-9]*" "$TMP/w.out" | cut -d: -f2; }
 for target in direct nginx portico; do
     case $target in
@@ -110,6 +125,13 @@ for target in direct nginx portico; do
     b0=$(ns "$BP")
     p0=0
     [[ -n $proxy ]] && p0=$(ns "$proxy")
+    if [[ $SYSCALLS == 1 ]]; then
+        watched=${proxy:-$BP}
+        read -r u0 s0 < <(ticks "$watched")
+        nstat -n >/dev/null
+        perf stat -x, -e "$EVENTS" -p "$watched" -o "$TMP/perf.out" -- sleep "$D" &
+        PERF=$!
+    fi
     taskset -c "$LOADGEN_CPUS" wrk -t1 -c"$C" -d"${D}s" -s "$ROOT/benches/mcp.lua" "$url" >"$TMP/w.out"
     b1=$(ns "$BP")
     p1=0
@@ -117,4 +139,23 @@ for target in direct nginx portico; do
     n=$(field requests)
     echo "$target c=$C rps=$((n / D)) p50_us=$(field p50_us) p99_us=$(field p99_us)" \
         "proxy_cpu_us_per_req=$(((p1 - p0) / 1000 / n)) backend_cpu_us_per_req=$(((b1 - b0) / 1000 / n))"
+    if [[ $SYSCALLS == 1 ]]; then
+        wait "$PERF"
+        read -r u1 s1 < <(ticks "$watched")
+        segs=$(nstat -z | awk '$1 == "TcpOutSegs" {print $2}')
+        who=proxy
+        [[ -z $proxy ]] && who=backend
+        # Ticks are 1/CLK_TCK s: µs per request with one decimal.
+        hz=$(getconf CLK_TCK)
+        awk -v n="$n" -v who="$who" -v hz="$hz" -v du=$((u1 - u0)) -v ds=$((s1 - s0)) -v segs="$segs" '
+            BEGIN { FS = "," }
+            /^[0-9]/ { v[$3] = $1 }
+            END {
+                printf "  %s per request: user %.1f µs, kernel %.1f µs, syscalls %.2f (recvfrom %.2f, sendto %.2f, writev %.2f, epoll_wait %.2f), context switches %.2f; TCP segments sent (host) %.2f\n",
+                    who, du * 1e6 / hz / n, ds * 1e6 / hz / n, v["raw_syscalls:sys_enter"] / n,
+                    v["syscalls:sys_enter_recvfrom"] / n, v["syscalls:sys_enter_sendto"] / n,
+                    v["syscalls:sys_enter_writev"] / n, v["syscalls:sys_enter_epoll_wait"] / n,
+                    v["context-switches"] / n, segs / n
+            }' "$TMP/perf.out"
+    fi
 done
