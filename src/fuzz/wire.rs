@@ -154,12 +154,12 @@ pub(super) enum RefRequest {
 
 #[derive(Debug)]
 pub(super) struct RefHead {
-    pub(super) len: usize,
-    pub(super) method: String,
-    pub(super) target: String,
-    pub(super) headers: Vec<(String, Vec<u8>)>,
-    pub(super) content_length: u64,
-    pub(super) keep_alive: bool,
+    len: usize,
+    method: String,
+    target: String,
+    headers: Vec<(String, Vec<u8>)>,
+    content_length: u64,
+    keep_alive: bool,
 }
 
 /// SP / HTAB trimmed off both ends (OWS, RFC 9110 §5.6.3).
@@ -408,15 +408,15 @@ pub(super) fn segmentations(wire: &[u8]) -> Vec<Vec<usize>> {
 /// What the lean client made of an answer.
 #[derive(Debug, PartialEq)]
 pub(super) struct Answer {
-    pub(super) status: u16,
-    pub(super) http10: bool,
+    status: u16,
+    http10: bool,
     /// How the body was delimited: `length`, `chunked`, `close`.
-    pub(super) framing: &'static str,
+    framing: &'static str,
     /// The header fields kept for the relay and the bridge, by name (stable).
-    pub(super) headers: Vec<(String, Vec<u8>)>,
-    pub(super) body: Vec<u8>,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
     /// Whether the connection would go back to the pool.
-    pub(super) reusable: bool,
+    reusable: bool,
 }
 
 /// Where an answer broke.

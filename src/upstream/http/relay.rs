@@ -259,8 +259,8 @@ where
 }
 
 pub(super) struct GenStream<T> {
-    pub(super) producer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-    pub(super) rx: tokio::sync::mpsc::Receiver<T>,
+    producer: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    rx: tokio::sync::mpsc::Receiver<T>,
 }
 
 impl<T> futures_util::Stream for GenStream<T> {

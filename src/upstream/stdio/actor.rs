@@ -4,6 +4,7 @@
 use super::wire::{ErrorCode, Incoming, OutResponse, gateway_id, line_of, preview};
 use super::*;
 
+/// What a handle asks of its actor.
 pub(super) enum Cmd {
     Request {
         gid: u64,

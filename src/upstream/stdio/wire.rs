@@ -3,6 +3,7 @@
 
 use super::*;
 
+/// One line from a stdio server, or what was left of one too long to keep.
 pub(crate) enum Line {
     Text(Vec<u8>),
     /// A line longer than the limit was discarded; its length.
@@ -13,11 +14,11 @@ pub(crate) enum Line {
 /// discarded as it arrives. Cancel-safe (all state lives here; nothing is lost between awaits),
 /// so it can sit in a `select!`.
 pub(crate) struct LineReader<R> {
-    pub(super) inner: BufReader<R>,
-    pub(super) buf: Vec<u8>,
-    pub(super) max: usize,
+    inner: BufReader<R>,
+    buf: Vec<u8>,
+    max: usize,
     /// Bytes discarded so far of an oversized line.
-    pub(super) skipping: Option<usize>,
+    skipping: Option<usize>,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
