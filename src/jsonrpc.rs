@@ -254,9 +254,19 @@ impl<'a> Read<'a> {
     pub fn raw(&self) -> Raw<'a> {
         self.raw
     }
+
+    /// The byte offset just past the value, in the text the scan was given.
+    pub fn end(&self) -> usize {
+        self.end
+    }
 }
 
 impl<'a> At<'a> {
+    /// The byte offset of the value, in the text the scan was given.
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
     /// Whether the value is an object (its first byte; whether it is valid is for the reading).
     pub fn is_object(&self) -> bool {
         self.json.as_bytes().get(self.start) == Some(&b'{')

@@ -68,8 +68,8 @@ pub use probe::{
 pub use session::{close, close_owner, open, session};
 
 use session::{forget_session, on_session_error, session_or_modern, stdio_of};
-pub use translate::fuzz_both_ways as fuzz_translate;
 use translate::{CancelGuard, Mapping, scope_str, to_legacy, translate};
+pub use translate::{fuzz_both_ways as fuzz_translate, upward_agrees};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -81,7 +81,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, LegacySession};
 use crate::error::GatewayError;
-use crate::protocol::{RequestId, SUPPORTED_VERSIONS, header as h, meta};
+use crate::protocol::{Envelope, RequestId, SUPPORTED_VERSIONS, header as h, meta};
 use crate::upstream::stdio::CallOptions;
 use crate::upstream::{AnswerCheck, MessageStream, Reply, Upstream, UpstreamError};
 
@@ -216,17 +216,19 @@ fn session_lost(
 /// Sends one 2026 request to a legacy backend, in `owner`'s upstream session, and returns
 /// the translated answer, or `Bridged::Modern` when the backend's `initialize` showed it is
 /// not legacy after all.
-#[allow(clippy::too_many_arguments)]
+///
+/// `env` is `body` read (`protocol::parse_envelope`): its method and id, and where the
+/// members the translation rewrites lie.
 pub async fn call(
     b: &Arc<Backend>,
     owner: &Owner,
-    method: &str,
-    client_id: Option<&RequestId>,
+    env: &Envelope,
     body: &Bytes,
     client_headers: &HeaderMap,
     team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
 ) -> Result<Bridged, GatewayError> {
+    let (method, client_id) = (env.method.as_str(), env.id.as_ref());
     if method == "server/discover"
         && let Some(id) = client_id
     {
@@ -264,7 +266,11 @@ pub async fn call(
     }
     // The request's own `logLevel` (docs/protocol.md §1): the session is set to log at least
     // that much, and the call's stream carries its lines at or above it.
-    let log_level = translate::log_level(body);
+    let upward = translate::Upward::read(body, env.spans.as_ref());
+    let log_level = match &upward {
+        Some(up) => up.log_level,
+        None => translate::log_level(body),
+    };
     for attempt in 0..2 {
         let (slot, s) = match session_or_modern(b, owner, team, deadline).await {
             Ok(held) => held,
@@ -274,7 +280,10 @@ pub async fn call(
             Box::pin(listen::set_level(b, &s, level, false)).await;
         }
         let upstream_id = b.bridge.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let (up_body, token) = to_legacy(body, upstream_id)?;
+        let (up_body, token) = match &upward {
+            Some(up) => up.write(upstream_id),
+            None => to_legacy(body, upstream_id)?,
+        };
         let Some(client_id) = client_id else {
             // A notification: pass it on.
             send_raw(

@@ -4,7 +4,9 @@
 //!
 //! - [`front_end`]: a client's headers and body → the routing decision or an error
 //!   (`frontend::era`, `check_modern_head`, `verify_modern`, `protocol::parse_envelope`,
-//!   content/origin checks) and the bearer-token parser (`auth::check_jwt`).
+//!   content/origin checks), the bridge's request rewrite from the envelope's spans against
+//!   its whole reading (`bridge::upward_agrees`) and the bearer-token parser
+//!   (`auth::check_jwt`).
 //! - [`upstream_answer`]: a backend's bytes → SSE events → JSON-RPC messages, the bridge's probe
 //!   classification, the cache's storability decision, the bridge's text translations both ways
 //!   and an aggregated endpoint's one-pass list reader and merge (their output must be JSON).
@@ -69,6 +71,9 @@ pub fn front_end(data: &[u8]) {
             }
         }
     }
+    // A request the envelope accepts goes to an initialize-era backend the same by the
+    // envelope's spans as by reading it whole (panics on a disagreement).
+    crate::bridge::upward_agrees(body);
     let _ = protocol::sniff_id(body);
     members_as_serde(body);
     let _ = protocol::decode_header_value(body);

@@ -2,6 +2,8 @@
 //! read (method, id, the selected name, the `_meta` a key needs), taken in one pass over the
 //! raw text — and the member-name audit that makes "forward what you judged" hold.
 
+use std::ops::Range;
+
 use super::*;
 
 /// What kind of JSON-RPC message a body holds.
@@ -42,6 +44,31 @@ pub struct Envelope {
     pub client_info: Option<String>,
     /// For `initialize`: the revision the client asked for.
     pub init_version: Option<String>,
+    /// Where the members a bridge rewrites lie in the body, when it was read in one pass.
+    pub spans: Option<Spans>,
+}
+
+/// Where, in a request's body, the values the era bridge rewrites lie (byte offsets), so that
+/// it copies the rest as the client wrote it without reading the body again
+/// (`bridge::translate::Upward`). The levels they lie on were audited (no member repeats), so
+/// each is the only one of its name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Spans {
+    /// The `id` value.
+    pub id: Option<Range<usize>>,
+    /// `params._meta`, when it is an object.
+    pub meta: Option<MetaSpan>,
+}
+
+/// `params._meta` in the body: its value, and from where the whole member can be cut.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaSpan {
+    pub value: Range<usize>,
+    /// The end of the member before it (so the cut takes the comma between), or, when `_meta`
+    /// is the first member of `params`, the byte after `params`' `{` (the cut then takes the
+    /// comma after the value, if another member follows).
+    pub cut: usize,
+    pub first: bool,
 }
 
 /// Why a body is not a single well-formed JSON-RPC message.
@@ -331,6 +358,8 @@ pub(super) struct Levels<'de> {
     top: Result<Object<'de, 6>, String>,
     params: Option<Result<Object<'de, 8>, String>>,
     meta: Option<Result<Object<'de, 4>, String>>,
+    /// Where an object `_meta` member of `params` can be cut from ([`MetaSpan`]).
+    meta_cut: Option<(usize, bool)>,
 }
 
 /// [`Levels`] of a message that is valid JSON (`None` otherwise: [`read_object`] and
@@ -342,14 +371,21 @@ pub(super) fn read_levels(text: &str) -> Option<Levels<'_>> {
     let mut top = Judge::new(&TOP);
     let mut params = None;
     let mut meta = None;
+    let mut meta_cut = None;
     scan_members(text, |key, at| {
         let read = if key == "params" && at.is_object() {
+            // The end of the member before the one being read (none yet: after the `{`).
+            let mut before = (at.start() + 1, true);
             let (read, judged) = judge_in_place(at, &PARAMS, |key, at| {
-                if key != "_meta" || !at.is_object() {
-                    return at.skip();
-                }
-                let (read, judged) = judge_in_place(at, &META, |_, at| at.skip())?;
-                meta = Some(judged);
+                let read = if key != "_meta" || !at.is_object() {
+                    at.skip()?
+                } else {
+                    let (read, judged) = judge_in_place(at, &META, |_, at| at.skip())?;
+                    meta = Some(judged);
+                    meta_cut = Some(before);
+                    read
+                };
+                before = (read.end(), false);
                 Some(read)
             })?;
             params = Some(judged);
@@ -364,6 +400,7 @@ pub(super) fn read_levels(text: &str) -> Option<Levels<'_>> {
         top: top.end(),
         params,
         meta,
+        meta_cut,
     })
 }
 
@@ -440,25 +477,38 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     let text = std::str::from_utf8(body).map_err(|e| EnvelopeError::Parse(e.to_string()))?;
     // One pass for valid JSON; text the scanner refuses is read level by level, serde giving
     // the words of the parse error.
-    let Levels { top, params, meta } = match read_levels(text) {
-        Some(levels) => levels,
-        None => Levels {
-            top: match read_object(text, &TOP) {
-                Ok(top) => top,
-                Err(e) if e.is_syntax() || e.is_eof() => {
-                    return Err(EnvelopeError::Parse(e.to_string()));
-                }
-                Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
-            },
-            params: None,
-            meta: None,
+    let (
+        Levels {
+            top,
+            params,
+            meta,
+            meta_cut,
         },
+        one_pass,
+    ) = match read_levels(text) {
+        Some(levels) => (levels, true),
+        None => (
+            Levels {
+                meta_cut: None,
+                top: match read_object(text, &TOP) {
+                    Ok(top) => top,
+                    Err(e) if e.is_syntax() || e.is_eof() => {
+                        return Err(EnvelopeError::Parse(e.to_string()));
+                    }
+                    Err(e) => return Err(EnvelopeError::Invalid(e.to_string(), None)),
+                },
+                params: None,
+                meta: None,
+            },
+            false,
+        ),
     };
     let (read_params, read_meta) = (params, meta);
     let top = top.map_err(|e| EnvelopeError::Invalid(e, None))?;
     let [jsonrpc, id, method, params, result, error] = top.values;
     let [jsonrpc, method, params, result, error] =
         [jsonrpc, method, params, result, error].map(non_null);
+    let id_span = id.and_then(|raw| span(text, raw));
     // A present but null id is kept as such, so that it is refused here.
     let id = match id {
         None => None,
@@ -508,6 +558,11 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         meta_beyond_keyed: false,
         client_info: None,
         init_version: None,
+        // Read in one pass: the scan knows where `_meta` can be cut.
+        spans: one_pass.then_some(Spans {
+            id: id_span,
+            meta: None,
+        }),
     };
     let Some(params) = params else {
         return Ok(env);
@@ -565,8 +620,20 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
             .map(|c| c.get().to_string());
         env.has_progress_token = progress_token.is_some();
         env.client_info = client_info.map(|c| c.get().to_string());
+        if let (Some(spans), Some((cut, first)), Some(value)) =
+            (&mut env.spans, meta_cut, span(text, meta))
+        {
+            spans.meta = Some(MetaSpan { value, cut, first });
+        }
     }
     Ok(env)
+}
+
+/// Where `raw`, a value read from `text`, lies in it.
+fn span(text: &str, raw: Raw<'_>) -> Option<Range<usize>> {
+    let start = (raw.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let end = start + raw.get().len();
+    (end <= text.len()).then_some(start..end)
 }
 
 impl Envelope {
@@ -586,6 +653,7 @@ impl Envelope {
             meta_beyond_keyed: false,
             client_info: None,
             init_version: None,
+            spans: None,
         }
     }
 }

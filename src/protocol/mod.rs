@@ -14,7 +14,9 @@ use std::borrow::Cow;
 
 mod envelope;
 
-pub use envelope::{Envelope, EnvelopeError, Kind, first_byte, levels_agree, parse_envelope};
+pub use envelope::{
+    Envelope, EnvelopeError, Kind, MetaSpan, Spans, first_byte, levels_agree, parse_envelope,
+};
 
 /// The revision portico speaks natively (and asks modern backends for).
 pub const LATEST_VERSION: &str = "2026-07-28";

@@ -220,8 +220,7 @@ async fn list_page(
         match bridge::call(
             b,
             &bridge::Owner::portico(),
-            "tools/list",
-            env.id.as_ref(),
+            &env,
             &body,
             &none,
             &[],

@@ -398,8 +398,7 @@ async fn call_backend(
                 bridge::call(
                     backend,
                     &owner,
-                    &env.method,
-                    env.id.as_ref(),
+                    env,
                     &req.body,
                     req.headers,
                     team,
@@ -435,8 +434,7 @@ async fn bridge_traced(
     let r = bridge::call(
         backend,
         owner,
-        &env.method,
-        env.id.as_ref(),
+        env,
         &req.body,
         req.headers,
         &extra,

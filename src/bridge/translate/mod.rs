@@ -8,6 +8,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value, json};
+use std::ops::Range;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -21,7 +22,7 @@ use crate::jsonrpc::{
     At, Key, Members, Raw, Read, parse_members, scan_members, write_key, write_str,
 };
 use crate::protocol::{
-    RequestId, ResponseMembers, code, is_cacheable_method, meta, status_for_code,
+    RequestId, ResponseMembers, Spans, code, is_cacheable_method, meta, status_for_code,
 };
 use crate::upstream::{MessageStream, Reply};
 
@@ -89,6 +90,112 @@ pub(super) fn to_legacy(
     }
     obj.end();
     Ok((Bytes::from(out), token))
+}
+
+/// A 2026 request on its way to an initialize-era server, read once for all its attempts from
+/// where the envelope found its `id` and `_meta` ([`Spans`]): each attempt writes it with its
+/// own upstream id ([`Upward::write`]), the rest copied byte for byte as the client wrote it —
+/// what [`to_legacy`] gives, without reading the body again. `_meta` (a few members) is the
+/// only part read here.
+pub(super) struct Upward<'a> {
+    body: &'a [u8],
+    id: Option<Range<usize>>,
+    meta: Option<MetaEdit<'a>>,
+    /// The request's `logLevel` rank, if it set a valid one (as [`log_level`] reads it).
+    pub(super) log_level: Option<u8>,
+}
+
+/// What becomes of `params._meta`: the bytes `cut` replaced by the members `kept`, or left
+/// out when none is.
+struct MetaEdit<'a> {
+    cut: Range<usize>,
+    kept: Vec<(Key<'a>, Raw<'a>)>,
+}
+
+impl<'a> Upward<'a> {
+    /// `None` when the envelope did not read the body in one pass (no spans) or `_meta` is
+    /// not the object it found: the caller translates with [`to_legacy`].
+    pub(super) fn read(body: &'a [u8], spans: Option<&Spans>) -> Option<Upward<'a>> {
+        let spans = spans?;
+        let mut up = Upward {
+            body,
+            id: spans.id.clone(),
+            meta: None,
+            log_level: None,
+        };
+        let Some(m) = &spans.meta else {
+            return Some(up);
+        };
+        let text = std::str::from_utf8(body.get(m.value.clone())?).ok()?;
+        let Members(fields) = parse_members(text)?;
+        let mut kept = Vec::with_capacity(fields.len());
+        for (key, value) in fields {
+            if key == meta::LOG_LEVEL {
+                up.log_level = serde_json::from_str::<&str>(value.get())
+                    .ok()
+                    .and_then(crate::protocol::log_rank);
+            }
+            if !RESERVED_META.contains(&key.as_str()) {
+                kept.push((key, value));
+            }
+        }
+        let cut = if !kept.is_empty() {
+            m.value.clone()
+        } else if !m.first {
+            // `,"_meta":{…}` after the member before it.
+            m.cut..m.value.end
+        } else {
+            // The first member: cut through the comma after it, if another follows.
+            let rest = body.get(m.value.end..)?;
+            let ws = rest
+                .iter()
+                .take_while(|b| matches!(b, b' ' | b'\n' | b'\t' | b'\r'))
+                .count();
+            let comma = usize::from(rest.get(ws) == Some(&b','));
+            m.cut..m.value.end + if comma == 1 { ws + 1 } else { 0 }
+        };
+        up.meta = Some(MetaEdit { cut, kept });
+        Some(up)
+    }
+
+    /// The legacy request for one attempt, and its progress token's mapping (upstream, client).
+    pub(super) fn write(&self, upstream_id: u64) -> (Bytes, Option<(Value, Value)>) {
+        let mut out = Vec::with_capacity(self.body.len() + 16);
+        let mut token = None;
+        // The two edits in the order they lie in the body (the id is top-level, `_meta` in
+        // `params`: they never overlap).
+        let id = self.id.clone().map(|r| (r, None));
+        let meta = self.meta.as_ref().map(|m| (m.cut.clone(), Some(&m.kept)));
+        let mut edits = [id, meta];
+        edits.sort_by_key(|e| e.as_ref().map(|(r, _)| r.start));
+        let mut at = 0;
+        for (cut, kept) in edits.into_iter().flatten() {
+            out.extend_from_slice(&self.body[at..cut.start]);
+            at = cut.end;
+            let Some(kept) = kept else {
+                out.extend_from_slice(itoa::Buffer::new().format(upstream_id).as_bytes());
+                continue;
+            };
+            if kept.is_empty() {
+                continue; // the member is left out
+            }
+            let mut obj = ObjectWriter::new(&mut out);
+            for (k, v) in kept {
+                let out = obj.member(k);
+                if k == "progressToken" && v.get() != "null" {
+                    let up = format!("portico-{upstream_id}");
+                    write_str(out, &up);
+                    let client = serde_json::from_str(v.get()).unwrap_or(Value::Null);
+                    token = Some((json!(up), client));
+                } else {
+                    out.extend_from_slice(v.get().as_bytes());
+                }
+            }
+            obj.end();
+        }
+        out.extend_from_slice(&self.body[at..]);
+        (Bytes::from(out), token)
+    }
 }
 
 /// A value copied as it was written.
@@ -543,6 +650,36 @@ pub(super) fn error_status(msg: &[u8]) -> Option<StatusCode> {
     StatusCode::from_u16(status_for_code(c)).ok()
 }
 
+/// Whether a request the envelope accepts goes up the same by [`Upward`] (from the envelope's
+/// spans) as by [`to_legacy`] (reading the whole body): the same JSON, the same progress token
+/// mapping, and the log level serde reads; panics on a disagreement, naming the text. The unit
+/// tests' and the fuzz harness's check of the span path. Returns whether `msg` was compared.
+pub fn upward_agrees(msg: &[u8]) -> bool {
+    let Ok(env) = crate::protocol::parse_envelope(msg) else {
+        return false;
+    };
+    if env.kind == crate::protocol::Kind::Response {
+        return false;
+    }
+    let text = String::from_utf8_lossy(msg);
+    let up = Upward::read(msg, env.spans.as_ref())
+        .unwrap_or_else(|| panic!("no spans for an accepted request: {text:?}"));
+    let (ours, our_token) = up.write(7);
+    let (theirs, their_token) = to_legacy(msg, 7).expect("an accepted request translates");
+    let json = |b: &[u8]| serde_json::from_slice::<Value>(b).ok();
+    assert!(
+        json(&ours).is_some(),
+        "span path wrote invalid JSON for {text:?}"
+    );
+    assert_eq!(json(&ours), json(&theirs), "legacy request of {text:?}");
+    assert_eq!(our_token, their_token, "progress token of {text:?}");
+    let by_serde = serde_json::from_slice::<Value>(msg)
+        .ok()
+        .and_then(|v| crate::protocol::log_rank(v["params"]["_meta"][meta::LOG_LEVEL].as_str()?));
+    assert_eq!(up.log_level, by_serde, "log level of {text:?}");
+    true
+}
+
 /// Both translations of one message, as hostile as it comes (the fuzz entry points' view; no
 /// I/O). What the text rewriters write from valid JSON must be valid JSON: a panic otherwise.
 pub fn fuzz_both_ways(msg: &[u8]) {
@@ -557,6 +694,7 @@ pub fn fuzz_both_ways(msg: &[u8]) {
     if let Ok((up, _)) = to_legacy(msg, 7) {
         must_parse("to_legacy", &up);
     }
+    upward_agrees(msg);
     let m = Mapping {
         client_id: RequestId::number(1),
         upstream_id: 7,

@@ -114,6 +114,56 @@ fn a_meta_left_empty_is_left_out_wherever_it_stands() {
 }
 
 #[test]
+fn the_span_path_writes_what_the_whole_reading_writes() {
+    // Up from the envelope's spans (`Upward`), the rest copied byte for byte: the member
+    // `_meta` is cut with its comma wherever it stands, the id replaced wherever it stands.
+    let reserved = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/logLevel":"warning"}"#;
+    for (body, up) in [
+        (
+            format!(r#"{{"jsonrpc": "2.0", "method": "tools/call", "params": {{"_meta": {reserved} , "name": "t"}}, "id": 1}}"#),
+            r#"{"jsonrpc": "2.0", "method": "tools/call", "params": { "name": "t"}, "id": 5}"#,
+        ),
+        (
+            format!(r#"{{"id":"x","jsonrpc":"2.0","method":"tools/call","params":{{"name":"t","_meta":{reserved}}}}}"#),
+            r#"{"id":5,"jsonrpc":"2.0","method":"tools/call","params":{"name":"t"}}"#,
+        ),
+        (
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{ "_meta" : {reserved} }}}}"#),
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/list","params":{ }}"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{"progressToken":3,"k":[1]},"progress":1}}"#.into(),
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"_meta":{"progressToken":"portico-5","k":[1]},"progress":1}}"#,
+        ),
+    ] {
+        let env = crate::protocol::parse_envelope(body.as_bytes()).unwrap();
+        let upward = Upward::read(body.as_bytes(), env.spans.as_ref()).unwrap();
+        assert_eq!(std::str::from_utf8(&upward.write(5).0).unwrap(), up, "{body}");
+        assert!(upward_agrees(body.as_bytes()), "{body}");
+    }
+    // The log level, read where `_meta` is.
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{reserved}}}}}"#
+    );
+    let env = crate::protocol::parse_envelope(body.as_bytes()).unwrap();
+    let upward = Upward::read(body.as_bytes(), env.spans.as_ref()).unwrap();
+    assert_eq!(upward.log_level, crate::protocol::log_rank("warning"));
+    // Every request the other tests send up agrees with the whole reading.
+    for body in [
+        r#"{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"t","arguments":{"z":1.50,"a":[1e3,"\u00e9"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","progressToken":null}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"progressToken":"p","io.modelcontextprotocol/clientInfo":{}},"name":"t"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":[1],"name":"t"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":null,"name":"t"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"_meta":{}}}"#,
+        r#" { "params" : { "_meta" : { "a" : 1 } } , "method" : "x" , "jsonrpc" : "2.0" , "id" : 2 } "#,
+    ] {
+        assert!(upward_agrees(body.as_bytes()), "{body}");
+    }
+}
+
+#[test]
 fn a_repeated_result_makes_no_message() {
     let m = mapping(json!(7), "tools/call", None);
     let twice = br#"{"jsonrpc":"2.0","id":9,"result":{"a":1},"result":{"b":2}}"#;
