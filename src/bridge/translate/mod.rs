@@ -181,15 +181,7 @@ impl<'a> Upward<'a> {
             }
             let mut obj = ObjectWriter::new(&mut out);
             for (k, v) in kept {
-                let out = obj.member(k);
-                if k == "progressToken" && v.get() != "null" {
-                    let up = format!("portico-{upstream_id}");
-                    write_str(out, &up);
-                    let client = serde_json::from_str(v.get()).unwrap_or(Value::Null);
-                    token = Some((json!(up), client));
-                } else {
-                    out.extend_from_slice(v.get().as_bytes());
-                }
+                meta_member(&mut obj, k, *v, upstream_id, &mut token);
             }
             obj.end();
         }
@@ -226,16 +218,8 @@ fn legacy_params<'a>(
                 return v.skip();
             }
             kept = true;
-            let out = meta.member(&k);
             let v = v.skip()?;
-            if k == "progressToken" && v.raw().get() != "null" {
-                let up = format!("portico-{upstream_id}");
-                write_str(out, &up);
-                let client = serde_json::from_str(v.raw().get()).unwrap_or(Value::Null);
-                *token = Some((json!(up), client));
-            } else {
-                out.extend_from_slice(v.raw().get().as_bytes());
-            }
+            meta_member(&mut meta, &k, v.raw(), upstream_id, token);
             Some(v)
         })?;
         meta.end();
@@ -246,6 +230,26 @@ fn legacy_params<'a>(
     })?;
     obj.end();
     Some(read)
+}
+
+/// One `_meta` member a legacy server gets: as the client wrote it, but a progress token
+/// replaced by a session-unique one (`token` keeps the pair, upstream and client).
+fn meta_member(
+    meta: &mut ObjectWriter<'_>,
+    key: &Key<'_>,
+    value: Raw<'_>,
+    upstream_id: u64,
+    token: &mut Option<(Value, Value)>,
+) {
+    let out = meta.member(key);
+    if key == "progressToken" && value.get() != "null" {
+        let up = format!("portico-{upstream_id}");
+        write_str(out, &up);
+        let client = serde_json::from_str(value.get()).unwrap_or(Value::Null);
+        *token = Some((json!(up), client));
+    } else {
+        out.extend_from_slice(value.get().as_bytes());
+    }
 }
 
 /// The 2026 `_meta` keys a legacy server does not know.
