@@ -54,6 +54,8 @@ pub struct Envelope {
 /// each is the only one of its name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Spans {
+    /// The length of the body they were found in.
+    pub len: usize,
     /// The `id` value.
     pub id: Option<Range<usize>>,
     /// `params._meta`, when it is an object.
@@ -560,6 +562,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         init_version: None,
         // Read in one pass: the scan knows where `_meta` can be cut.
         spans: one_pass.then_some(Spans {
+            len: body.len(),
             id: id_span,
             meta: None,
         }),

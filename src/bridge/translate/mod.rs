@@ -113,10 +113,14 @@ struct MetaEdit<'a> {
 }
 
 impl<'a> Upward<'a> {
-    /// `None` when the envelope did not read the body in one pass (no spans) or `_meta` is
-    /// not the object it found: the caller translates with [`to_legacy`].
+    /// `None` when the envelope did not read the body in one pass (no spans), or the spans
+    /// are not this body's (a guard: every caller passes the envelope of the body it sends):
+    /// the caller translates with [`to_legacy`].
     pub(super) fn read(body: &'a [u8], spans: Option<&Spans>) -> Option<Upward<'a>> {
-        let spans = spans?;
+        let spans = spans.filter(|s| s.len == body.len())?;
+        if let Some(id) = &spans.id {
+            body.get(id.clone())?;
+        }
         let mut up = Upward {
             body,
             id: spans.id.clone(),
@@ -154,6 +158,14 @@ impl<'a> Upward<'a> {
             let comma = usize::from(rest.get(ws) == Some(&b','));
             m.cut..m.value.end + if comma == 1 { ws + 1 } else { 0 }
         };
+        // The two edits must not overlap (they cannot in a body the envelope read).
+        if let Some(id) = &up.id
+            && id.start < cut.end
+            && cut.start < id.end
+        {
+            return None;
+        }
+        body.get(cut.clone())?;
         up.meta = Some(MetaEdit { cut, kept });
         Some(up)
     }

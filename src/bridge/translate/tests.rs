@@ -148,6 +148,9 @@ fn the_span_path_writes_what_the_whole_reading_writes() {
     let env = crate::protocol::parse_envelope(body.as_bytes()).unwrap();
     let upward = Upward::read(body.as_bytes(), env.spans.as_ref()).unwrap();
     assert_eq!(upward.log_level, crate::protocol::log_rank("warning"));
+    // Spans of another body are not used (the caller then reads the body whole).
+    let other = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    assert!(Upward::read(other, env.spans.as_ref()).is_none());
     // Every request the other tests send up agrees with the whole reading.
     for body in [
         r#"{"jsonrpc":"2.0","id":"c1","method":"tools/call","params":{"name":"t","arguments":{"z":1.50,"a":[1e3,"\u00e9"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","progressToken":null}}}"#,
