@@ -13,6 +13,11 @@ const SEEDS: &[&[u8]] = &[
     b"\x00{\"jsonrpc\":\"2.0\",\"id\":7,\"error\":{\"code\":-32002,\"message\":\"gone\"}}",
     // A 2026-07-28 request as the bridge sends it up.
     b"\x00{\"jsonrpc\":\"2.0\",\"id\":\"c\",\"method\":\"tools/call\",\"params\":{\"name\":\"t\",\"arguments\":{\"a\":[1e3]},\"_meta\":{\"progressToken\":3,\"io.modelcontextprotocol/protocolVersion\":\"2026-07-28\"}}}",
+    // Requests the bridge sends up from the envelope's spans (`bridge::upward_agrees`): `_meta`
+    // first, last, escaped; reserved keys only, a log level, a progress token; the id anywhere.
+    b"\0{\"jsonrpc\": \"2.0\", \"method\": \"tools/call\", \"params\": {\"_meta\": {\"io.modelcontextprotocol/protocolVersion\": \"2026-07-28\", \"io.modelcontextprotocol/logLevel\": \"debug\"} , \"name\": \"t\"}, \"id\": 1}",
+    b"\0{\"method\":\"tools/list\",\"params\":{\"cursor\":\"c\",\"_meta\":{\"progressToken\":\"p\",\"x\":{}}},\"jsonrpc\":\"2.0\",\"id\":\"q\"}",
+    b"\0{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"\\u005fmeta\":{\"io.modelcontextprotocol/clientInfo\":{}},\"progress\":1}}",
     // Every kind of JSON value, escapes and whitespace, for the members scanner.
     b"\x00{ \"a\" :\t[ -0.5e+3 , 0 , 12E-2, true , false, null , \"\\u00e9\\n\\\"/\\/\" , { \"b\" : { } , \"c\":[[]] } ] ,\r\n\"c\\u0041\":\"x\" , \"\":{}}\n",
 ];
