@@ -545,28 +545,13 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     } else {
         Kind::Notification
     };
-    let mut env = Envelope {
-        kind,
-        id,
-        method: method.into_owned(),
-        name: None,
-        cursor: None,
-        protocol_version: None,
-        client_capabilities: None,
-        has_meta: false,
-        has_progress_token: false,
-        is_retry: false,
-        params_beyond_selector: false,
-        meta_beyond_keyed: false,
-        client_info: None,
-        init_version: None,
-        // Read in one pass: the scan knows where `_meta` can be cut.
-        spans: one_pass.then_some(Spans {
-            len: body.len(),
-            id: id_span,
-            meta: None,
-        }),
-    };
+    let mut env = Envelope::new(kind, id, method.into_owned());
+    // Read in one pass: the scan knows where `_meta` can be cut.
+    env.spans = one_pass.then_some(Spans {
+        len: body.len(),
+        id: id_span,
+        meta: None,
+    });
     let Some(params) = params else {
         return Ok(env);
     };
@@ -641,10 +626,15 @@ fn span(text: &str, raw: Raw<'_>) -> Option<Range<usize>> {
 
 impl Envelope {
     fn response(id: Option<RequestId>) -> Envelope {
+        Envelope::new(Kind::Response, id, String::new())
+    }
+
+    /// A message of `kind` with nothing read beyond its id and method.
+    fn new(kind: Kind, id: Option<RequestId>, method: String) -> Envelope {
         Envelope {
-            kind: Kind::Response,
+            kind,
             id,
-            method: String::new(),
+            method,
             name: None,
             cursor: None,
             protocol_version: None,

@@ -131,18 +131,13 @@ impl<'a> Upward<'a> {
             return Some(up);
         };
         let text = std::str::from_utf8(body.get(m.value.clone())?).ok()?;
-        let Members(fields) = parse_members(text)?;
-        let mut kept = Vec::with_capacity(fields.len());
-        for (key, value) in fields {
-            if key == meta::LOG_LEVEL {
-                up.log_level = serde_json::from_str::<&str>(value.get())
-                    .ok()
-                    .and_then(crate::protocol::log_rank);
-            }
-            if !RESERVED_META.contains(&key.as_str()) {
-                kept.push((key, value));
-            }
+        let Members(mut kept) = parse_members(text)?;
+        if let Some((_, level)) = kept.iter().find(|(k, _)| k == meta::LOG_LEVEL) {
+            up.log_level = serde_json::from_str::<&str>(level.get())
+                .ok()
+                .and_then(crate::protocol::log_rank);
         }
+        kept.retain(|(k, _)| !RESERVED_META.contains(&k.as_str()));
         let cut = if !kept.is_empty() {
             m.value.clone()
         } else if !m.first {
