@@ -255,6 +255,18 @@ pub struct BridgeState {
     pub parked: AtomicU64,
     /// Parked calls whose hold ran out.
     pub parked_expired: AtomicU64,
+    /// The last `InitializeResult` a session of this backend was given, with its `serverInfo`:
+    /// shared by every later session given the same one, so that ten thousand sessions of one
+    /// server hold one copy of it rather than one each (README, "Scale").
+    last_init: Mutex<Option<InitResult>>,
+}
+
+/// A server's `InitializeResult` and its `serverInfo` ([`ServerInfo::of`]), shared by the
+/// sessions it was given to ([`BridgeState::shared_init`]).
+#[derive(Clone)]
+pub struct InitResult {
+    pub init: Arc<Value>,
+    pub server_info: Option<Arc<ServerInfo>>,
 }
 
 impl BridgeState {
@@ -270,7 +282,25 @@ impl BridgeState {
             notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
             parked: AtomicU64::new(0),
             parked_expired: AtomicU64::new(0),
+            last_init: Mutex::new(None),
         }
+    }
+
+    /// `init` as a session keeps it: the copy the last session holds when the server gave the
+    /// same result (the usual case: a server answers every `initialize` alike), else a new one
+    /// that later sessions share. Sharing crosses no client's boundary: a session only ever
+    /// holds a value equal to the one its own `initialize` was answered with.
+    pub fn shared_init(&self, init: Value) -> InitResult {
+        let mut last = self.last_init.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = last.as_ref().filter(|l| *l.init == init) {
+            return l.clone();
+        }
+        let fresh = InitResult {
+            server_info: ServerInfo::of(&init),
+            init: Arc::new(init),
+        };
+        *last = Some(fresh.clone());
+        fresh
     }
 
     /// Publishes one session-wide message from the upstream GET stream (cheap without
@@ -344,8 +374,9 @@ pub struct LegacySession {
     pub id: Option<HeaderValue>,
     /// The negotiated revision, sent as `MCP-Protocol-Version` on every later request.
     pub version: HeaderValue,
-    /// The server's `InitializeResult` (capabilities, serverInfo, instructions).
-    pub init: Value,
+    /// The server's `InitializeResult` (capabilities, serverInfo, instructions); one copy for
+    /// every session given the same ([`BridgeState::shared_init`]).
+    pub init: Arc<Value>,
     /// Its `serverInfo`, as the bridge adds it to every answer ([`ServerInfo::of`] of `init`).
     pub server_info: Option<Arc<ServerInfo>>,
     /// stdio child generation the session belongs to (0 for HTTP).
@@ -391,15 +422,45 @@ mod tests {
         )
     }
 
-    /// The same list again (under another id) is not learnt twice; a changed one is, at once,
-    /// and so is a list seen before the last one.
-    #[test]
-    fn a_tool_list_is_learnt_when_it_changes() {
+    /// A backend to test its own state on (the built-in demo server).
+    fn demo() -> Backend {
         let cfg = crate::config::validate(
             crate::config::parse("[[backends]]\nname='d'\nbuiltin='demo'\n").expect("parse"),
         )
         .expect("valid");
-        let b = Backend::build(&cfg.backends[0]).expect("backend");
+        Backend::build(&cfg.backends[0]).expect("backend")
+    }
+
+    /// Sessions answered with the same `InitializeResult` share one copy of it and of its
+    /// `serverInfo`; a different result is kept apart (and is the one shared from then on).
+    #[test]
+    fn sessions_answered_alike_share_one_initialize_result() {
+        let b = demo();
+        let init = |instructions: &str| {
+            serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                "serverInfo": {"name": "s", "version": "1"}, "instructions": instructions})
+        };
+        let first = b.bridge.shared_init(init("a"));
+        let same = b.bridge.shared_init(init("a"));
+        assert!(Arc::ptr_eq(&first.init, &same.init), "one copy for both");
+        let (Some(i1), Some(i2)) = (&first.server_info, &same.server_info) else {
+            panic!("serverInfo read from the result");
+        };
+        assert!(Arc::ptr_eq(i1, i2));
+        assert_eq!(&*i1.json, r#"{"name":"s","version":"1"}"#);
+        let other = b.bridge.shared_init(init("b"));
+        assert!(!Arc::ptr_eq(&first.init, &other.init), "kept apart");
+        assert_eq!(other.init["instructions"], "b");
+        assert_eq!(first.init["instructions"], "a", "the first is unchanged");
+        let again = b.bridge.shared_init(init("b"));
+        assert!(Arc::ptr_eq(&other.init, &again.init));
+    }
+
+    /// The same list again (under another id) is not learnt twice; a changed one is, at once,
+    /// and so is a list seen before the last one.
+    #[test]
+    fn a_tool_list_is_learnt_when_it_changes() {
+        let b = demo();
         b.learn_tools_list(&list(1, &["a"]));
         assert!(b.stats.tools.knows("a"));
         let seen = b.tools_list_seen.lock().unwrap().clone();

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::owner::Owner;
 use super::probe::{ensure_verdict, initialize_refusal_is_modern, response_of};
 use super::{Bridged, base_headers, collect, upstream_err};
-use crate::backend::{Backend, LegacySession, ServerInfo, SessionSlot, Verdict};
+use crate::backend::{Backend, LegacySession, SessionSlot, Verdict};
 use crate::error::GatewayError;
 use crate::pool::{OwnerKey, Slot};
 use crate::protocol::header as h;
@@ -213,7 +213,7 @@ pub(super) async fn session_or_modern(
         Some((id, version)) => LegacySession {
             id: Some(id),
             version,
-            init: serde_json::json!({}),
+            init: Default::default(),
             server_info: None,
             generation: 0,
             child: None,
@@ -492,11 +492,12 @@ pub(super) async fn initialize(
         session = session_id.is_some(),
         "legacy session initialized"
     );
+    let shared = b.bridge.shared_init(init);
     Ok(LegacySession {
         id: session_id,
         version,
-        server_info: ServerInfo::of(&init),
-        init,
+        init: shared.init,
+        server_info: shared.server_info,
         generation,
         child: child.cloned(),
         log_level: Default::default(),

@@ -64,6 +64,16 @@ pub(crate) async fn modern(
     send("POST", url, &h, body.to_string()).await
 }
 
+/// portico with `[auth]` before the HTTP backend `b` at `url`, its access log off.
+async fn gateway_with_auth(url: &str) -> Gateway {
+    Gateway::start(&format!(
+        "[log]\naccess = false\n{}{}",
+        auth(),
+        http_backend(url, "")
+    ))
+    .await
+}
+
 async fn tool(url: &str, key: Option<&str>, id: Value, name: &str, args: Value) -> Resp {
     modern(
         url,
@@ -216,14 +226,47 @@ async fn nothing_crosses(url: &str) {
 #[tokio::test]
 async fn nothing_crosses_between_clients_over_http() {
     let mock = MockMcp::legacy().start().await;
-    let gw = Gateway::start(&format!(
-        "[log]\naccess = false\n{}{}",
-        auth(),
-        http_backend(&mock.url(), "")
-    ))
-    .await;
+    let gw = gateway_with_auth(&mock.url()).await;
     nothing_crosses(&gw.url("/mcp/b")).await;
     // Each of the four clients had its own upstream session.
+    assert_eq!(mock.count("initialize"), 4);
+}
+
+/// Each upstream session keeps the `InitializeResult` its own `initialize` was answered with,
+/// though sessions answered alike share one copy of it (`BridgeState::shared_init`): clients the
+/// server answers differently each see their own instructions, whichever came first.
+#[tokio::test]
+async fn each_session_keeps_its_own_initialize_result() {
+    let mock = MockMcp::legacy().instructions_per_client().start().await;
+    let gw = gateway_with_auth(&mock.url()).await;
+    let url = gw.url("/mcp/b");
+    let instructions = |key: &'static str, caps: &'static str| {
+        let url = url.clone();
+        async move {
+            let r = modern(
+                &url,
+                Some(key),
+                json!("d"),
+                "server/discover",
+                json!({}),
+                caps,
+            )
+            .await;
+            r.result()["result"]["instructions"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no instructions in {:?}", r.body))
+                .to_string()
+        }
+    };
+    let plain = "legacy instructions for []";
+    let sampling = "legacy instructions for [sampling]";
+    assert_eq!(instructions(ALICE, "{}").await, plain);
+    assert_eq!(instructions(BOB, r#"{"sampling":{}}"#).await, sampling);
+    assert_eq!(instructions(BOB, "{}").await, plain, "bob's plain session");
+    assert_eq!(instructions(ALICE, "{}").await, plain, "alice's, again");
+    assert_eq!(instructions(BOB, r#"{"sampling":{}}"#).await, sampling);
+    assert_eq!(instructions(ALICE, r#"{"sampling":{}}"#).await, sampling);
+    // One upstream session per owner (key and declared capabilities), none re-made.
     assert_eq!(mock.count("initialize"), 4);
 }
 
@@ -394,12 +437,7 @@ async fn a_closed_stream_cancels_only_its_own_call_in_a_pooled_session() {
 #[tokio::test]
 async fn a_clients_cancel_reaches_only_its_own_call_over_http() {
     let mock = MockMcp::legacy().start().await;
-    let gw = Gateway::start(&format!(
-        "[log]\naccess = false\n{}{}",
-        auth(),
-        http_backend(&mock.url(), "")
-    ))
-    .await;
+    let gw = gateway_with_auth(&mock.url()).await;
     let url = gw.url("/mcp/b");
     // Two legacy sessions, both with id 7 in flight.
     let l1 = std::sync::Arc::new(Old::connect(&url, Some(ALICE), "{}").await);

@@ -60,6 +60,9 @@ struct Opts {
     /// (legacy: `logging/setLevel` works, the `log` tool logs); legacy also advertises the
     /// in-core `tasks` of 2025-11-25 (not served).
     subscribe_and_log: bool,
+    /// Legacy: `instructions` name the capabilities the `initialize` declared, so that each
+    /// client's upstream session is answered differently.
+    instructions_per_client: bool,
 }
 
 /// Builder for a mock backend.
@@ -150,6 +153,7 @@ impl MockMcp {
                 page_size: None,
                 header_tools: false,
                 subscribe_and_log: false,
+                instructions_per_client: false,
             },
         }
     }
@@ -216,6 +220,13 @@ impl MockMcp {
     /// Advertise `resources.subscribe` and `logging`, and serve them (see `Opts`).
     pub fn subscribe_and_log(mut self) -> Self {
         self.opts.subscribe_and_log = true;
+        self
+    }
+
+    /// Legacy: answer each `initialize` with `instructions` that name the capabilities it
+    /// declared (see `Opts`).
+    pub fn instructions_per_client(mut self) -> Self {
+        self.opts.instructions_per_client = true;
         self
     }
 
@@ -1216,9 +1227,18 @@ async fn legacy(
             // 2025-11-25's in-core experimental tasks, which portico does not bridge.
             capabilities["tasks"] = json!({"list": {}, "cancel": {}});
         }
+        let instructions = if opts.instructions_per_client {
+            let declared = body["params"]["capabilities"]
+                .as_object()
+                .map(|c| c.keys().cloned().collect::<Vec<_>>().join(","))
+                .unwrap_or_default();
+            format!("legacy instructions for [{declared}]")
+        } else {
+            "legacy instructions".to_string()
+        };
         let result = json!({"jsonrpc":"2.0","id":id,"result":{"protocolVersion":version,
             "capabilities":capabilities,
-            "serverInfo":{"name":"legacy-mock","version":"1"},"instructions":"legacy instructions"}});
+            "serverInfo":{"name":"legacy-mock","version":"1"},"instructions":instructions}});
         let mut resp = if opts.sse {
             sse_resp(vec![result])
         } else {
