@@ -6,7 +6,8 @@
 #
 #   C=1 benches/cpu_per_request.sh     # the c=1 wake-up cost (README, "Latency at c = 1")
 #   C=16 D=10 benches/cpu_per_request.sh
-#   C=16 SYSCALLS=1 benches/cpu_per_request.sh   # + where the proxy's time goes (README, "The floor")
+#   C=16 SYSCALLS=1 benches/cpu_per_request.sh   # + where the time goes (README, "Where a proxy's
+#                                                # time goes on this host")
 #
 # Prints one line per target: req/s, p50, p99, and µs of CPU per request for the proxy and for
 # the backend. SYSCALLS=1 adds, per request: the proxy's user and kernel µs (/proc/<pid>/stat

@@ -13,7 +13,7 @@
 //! append with a per-second cached timestamp prefix, in exactly the text and JSON shapes the
 //! `tracing` formatter gives every other line (README, "Logs"). The access log with one
 //! `write` per line and the generic formatter cost ~15 % of a pass-through request's CPU
-//! (README, "Benchmark").
+//! (README, "Logs"; docs/benchmarks/history.md, the run of 2026-12-04 night).
 
 use std::cell::RefCell;
 use std::io::Write;

@@ -279,8 +279,8 @@ pub async fn exchange(
     // Written at once, not after yielding so that the other ready requests' writes reach the
     // backend as one burst: on this Linux scheduler (EEVDF) a backend sharing the CPU preempts
     // the gateway at each write that wakes it anyway, so the yield bought no batching, only a
-    // task poll per request and more context switches (traced, README "Benchmark": 0.27 against
-    // 0.21 per request at 64 connections, nginx 0.21).
+    // task poll per request and more context switches (traced: 0.27 against 0.23 per request at
+    // 64 connections, nginx 0.21; docs/benchmarks/history.md, the run of 2026-12-05 late morning).
     let alone = crate::metrics::requests_in_flight() <= 1;
     let mut written = 0;
     match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_write_all(cx, &mut written))).await {
