@@ -52,6 +52,11 @@ const READ_CHUNK: usize = 8 * 1024;
 const READ_AHEAD: usize = 64 * 1024;
 /// Answer bytes gathered before a write, when the body yields faster than we send.
 const WRITE_BATCH: usize = 64 * 1024;
+/// The write buffer a connection starts with (an answer's head and a small body)...
+const WBUF_START: usize = 1024;
+/// ...and the most it keeps between answers: one large answer does not pin up to
+/// `WRITE_BATCH` and more to an idle keep-alive connection.
+const WBUF_KEEP: usize = 16 * 1024;
 /// The HTTP/2 connection preface (RFC 9113 §3.4): a prior-knowledge h2c client.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
@@ -120,7 +125,7 @@ pub async fn serve(
     let mut c = Conn {
         io,
         rbuf: BytesMut::with_capacity(READ_CHUNK),
-        wbuf: Vec::with_capacity(1024),
+        wbuf: Vec::with_capacity(WBUF_START),
         spots: HeaderSpots::default(),
         timer: Box::pin(tokio::time::sleep(limits.header_timeout)),
         limits,
@@ -338,10 +343,16 @@ impl Conn {
             }
         }
         wbuf.extend_from_slice(b"\r\n");
-        if head_only || framing == Framing::None {
-            return self.io.write_all(&self.wbuf).await.is_ok();
+        let written = if head_only || framing == Framing::None {
+            self.io.write_all(&self.wbuf).await.is_ok()
+        } else {
+            self.write_body(body, framing == Framing::Chunked).await
+        };
+        // A large answer grew the write buffer: not kept for the connection's idle life.
+        if self.wbuf.capacity() > WBUF_KEEP {
+            self.wbuf = Vec::with_capacity(WBUF_START);
         }
-        self.write_body(body, framing == Framing::Chunked).await
+        written
     }
 
     /// Relays body frames as they come: what is ready goes out in one write (the head included),
@@ -358,6 +369,11 @@ impl Conn {
                 }
                 if self.peer_left(cx) {
                     return Poll::Ready(Step::PeerLeft);
+                }
+                // Waiting on the body (an event stream between its events, for minutes maybe):
+                // an empty read buffer is given back meanwhile; the next read takes one.
+                if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
+                    self.rbuf = BytesMut::new();
                 }
                 Poll::Pending
             })

@@ -104,3 +104,79 @@ fn numbers_format() {
     assert_eq!(hex_len(0, &mut [0; 16]), b"0");
     assert_eq!(hex_len(0x1a2f, &mut [0; 16]), b"1a2f");
 }
+
+/// A connection streaming an answer that has to wait (an event stream between events) holds no
+/// read buffer meanwhile, and one large answer does not leave its write buffer behind (README,
+/// "Scale").
+#[tokio::test]
+async fn a_connection_holds_no_buffer_it_does_not_need() {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (io, _) = listener.accept().await.unwrap();
+    let timeout = Duration::from_secs(5);
+    let mut c = Conn {
+        io,
+        rbuf: BytesMut::with_capacity(READ_CHUNK),
+        wbuf: Vec::with_capacity(WBUF_START),
+        spots: HeaderSpots::default(),
+        timer: Box::pin(tokio::time::sleep(timeout)),
+        limits: Limits {
+            header_timeout: timeout,
+            body_timeout: timeout,
+            body_min_rate: 0,
+            max_head: 8192,
+            max_body: 1 << 20,
+        },
+    };
+    // One event, then nothing yet.
+    let events = futures_util::stream::iter([Bytes::from_static(b"data: one\n\n")])
+        .chain(futures_util::stream::pending());
+    {
+        let mut write = pin!(c.write_body(Body::Stream(Box::pin(events)), true));
+        let waiting = poll_fn(|cx| Poll::Ready(write.as_mut().poll(cx).is_pending())).await;
+        assert!(waiting, "the stream waits for its next event");
+    }
+    assert_eq!(
+        c.rbuf.capacity(),
+        0,
+        "no read buffer while the stream waits"
+    );
+    let mut got = vec![0u8; 64];
+    let n = tokio::time::timeout(timeout, client.read(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        &got[..n],
+        b"b\r\ndata: one\n\n\r\n",
+        "the event went out first"
+    );
+    // A large answer, read whole by the client meanwhile.
+    let large = Bytes::from(vec![b'x'; 300 * 1024]);
+    let reader = tokio::spawn(async move {
+        let mut all = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        while !all.ends_with(b"x") || all.len() < 300 * 1024 {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed early");
+            all.extend_from_slice(&buf[..n]);
+        }
+        all.len()
+    });
+    let resp = http::Response::new(Body::full(large));
+    assert!(c.write_response(resp, false, true).await);
+    let read = tokio::time::timeout(timeout, reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(read > 300 * 1024, "head and body");
+    assert!(
+        c.wbuf.capacity() <= WBUF_KEEP,
+        "write buffer kept: {}",
+        c.wbuf.capacity()
+    );
+}

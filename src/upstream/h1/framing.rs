@@ -333,6 +333,13 @@ impl H1Body {
         }
     }
 
+    /// The capacity of the read buffer the body's connection holds (tests: a waiting stream
+    /// holds none).
+    #[cfg(test)]
+    pub(super) fn read_buffer(&self) -> Option<usize> {
+        self.conn.as_ref().map(|c| c.rbuf.capacity())
+    }
+
     /// The connection, if the body ended cleanly and it can serve another request.
     pub fn take_reusable(&mut self) -> Option<Box<Conn>> {
         if !matches!(self.framing, Framing::Done) || !self.keep_alive {
@@ -363,6 +370,10 @@ impl H1Body {
                 Ok(Step::Done) => return Poll::Ready(None),
                 Ok(Step::NeedMore) => {}
                 Err(e) => return self.fail(Box::new(e)),
+            }
+            if conn.rbuf.is_empty() && conn.poll_idle(cx) {
+                conn.ack_before_wait();
+                return Poll::Pending;
             }
             match conn.poll_deadline(cx, |c, cx| c.poll_fill(cx)) {
                 Poll::Pending => {

@@ -229,6 +229,21 @@ impl Conn {
         }
     }
 
+    /// Whether an answer's body, with nothing buffered, has to wait for the socket: then the
+    /// read buffer is given back until it turns readable (`poll_fill` takes one again), so that
+    /// a stream between its events — a listen stream can idle for minutes — holds no 16 KiB
+    /// for nothing (README, "Scale"). The task is woken by readiness or the deadline; a
+    /// deadline already passed is left to `poll_fill`'s caller to report.
+    pub(super) fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.io.poll_read_ready(cx).is_ready() || self.sleep.as_mut().poll(cx).is_ready() {
+            return false;
+        }
+        if self.rbuf.capacity() > 0 {
+            self.rbuf = BytesMut::new();
+        }
+        true
+    }
+
     /// Reads more bytes into `rbuf`; `Ok(0)` is end of stream.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.rbuf.capacity() - self.rbuf.len() < 1024 {

@@ -127,21 +127,37 @@ fn framing_is_read_from_the_head_and_kept_out_of_the_map() {
     assert_eq!(names, ["content-type", "mcp-session-id"]);
 }
 
+/// Accepts one connection on `listener` and reads a request head from it (blocking).
+fn accept_request(listener: &std::net::TcpListener) -> std::net::TcpStream {
+    use std::io::Read;
+    let (mut s, _) = listener.accept().unwrap();
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0);
+        req.extend_from_slice(&buf[..n]);
+    }
+    s
+}
+
+/// A small POST to `addr` through a fresh pool, answered within five seconds.
+async fn post_to(addr: &str) -> Result<Response<H1Body>, UpstreamError> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    exchange(&Pool::new(4), addr, deadline, |out| {
+        out.extend_from_slice(b"POST /mcp HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+    })
+    .await
+}
+
 /// A backend thread on blocking sockets (so it answers while the test's task is running):
 /// reads one request head and answers it with `pieces`, pausing 20 ms after each.
 fn thread_backend(pieces: Vec<Vec<u8>>) -> (String, std::thread::JoinHandle<()>) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let t = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let mut req = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = s.read(&mut buf).unwrap();
-            assert!(n > 0);
-            req.extend_from_slice(&buf[..n]);
-        }
+        let mut s = accept_request(&listener);
         for p in pieces {
             s.write_all(&p).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -190,13 +206,7 @@ async fn an_answer_split_across_the_speculative_read_arrives_whole() {
     let mut tail = rest.to_vec();
     tail.extend_from_slice(&body);
     let (addr, backend) = thread_backend(vec![first.to_vec(), tail]);
-    let pool = Pool::new(4);
-    let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    let resp = exchange(&pool, &addr, deadline, |out| {
-        out.extend_from_slice(b"POST /mcp HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
-    })
-    .await
-    .unwrap();
+    let resp = post_to(&addr).await.unwrap();
     assert_eq!(resp.headers()["content-type"], "a/b");
     let mut b = resp.into_body();
     let mut got = Vec::new();
@@ -204,6 +214,37 @@ async fn an_answer_split_across_the_speculative_read_arrives_whole() {
         got.extend_from_slice(&frame.unwrap().into_data().unwrap());
     }
     assert_eq!(got, body);
+    backend.join().unwrap();
+}
+
+/// A streamed answer that has to wait for its next piece (an event stream between events)
+/// holds no read buffer meanwhile (README, "Scale"), and reads the rest whole when it comes.
+#[tokio::test]
+async fn a_waiting_stream_holds_no_read_buffer() {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let backend = std::thread::spawn(move || {
+        let mut s = accept_request(&listener);
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nb\r\ndata: one\n\n\r\n").unwrap();
+        // Bounded: the test sends `go` at once after its check (or drops it, failing).
+        let _ = wait.recv_timeout(std::time::Duration::from_secs(5));
+        s.write_all(b"b\r\ndata: two\n\n\r\n0\r\n\r\n").unwrap();
+    });
+    let resp = post_to(&addr).await.unwrap();
+    let mut b = resp.into_body();
+    let first = poll_fn(|cx| b.poll_frame(cx)).await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "data: one\n\n");
+    let waiting = poll_fn(|cx| Poll::Ready(b.poll_frame(cx).is_pending())).await;
+    assert!(waiting, "the next event is not sent yet");
+    assert_eq!(b.read_buffer(), Some(0), "no read buffer while waiting");
+    go.send(()).unwrap();
+    let mut rest = Vec::new();
+    while let Some(frame) = poll_fn(|cx| b.poll_frame(cx)).await {
+        rest.extend_from_slice(&frame.unwrap().into_data().unwrap());
+    }
+    assert_eq!(rest, b"data: two\n\n");
     backend.join().unwrap();
 }
 
@@ -326,12 +367,7 @@ async fn broken_framing_with_the_head_fails_the_exchange() {
         b"HTTP/1.1 999 Odd\r\ncontent-length: 2\r\n\r\n{}",
     ] {
         let (addr, backend) = thread_backend(vec![wire.to_vec()]);
-        let pool = Pool::new(4);
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let r = exchange(&pool, &addr, deadline, |out| {
-            out.extend_from_slice(b"POST /mcp HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
-        })
-        .await;
+        let r = post_to(&addr).await;
         assert!(
             matches!(r, Err(UpstreamError::Protocol(_))),
             "{}",
