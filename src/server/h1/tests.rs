@@ -160,7 +160,7 @@ async fn a_connection_holds_no_buffer_it_does_not_need() {
     let reader = tokio::spawn(async move {
         let mut all = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
-        while !all.ends_with(b"x") || all.len() < 300 * 1024 {
+        while all.len() < 300 * 1024 {
             let n = client.read(&mut buf).await.unwrap();
             assert!(n > 0, "closed early");
             all.extend_from_slice(&buf[..n]);

@@ -197,17 +197,10 @@ impl Actor {
         };
         drop(out);
         drop(conn);
-        self.status.send_modify(|s| {
-            s.up = false;
-            s.pid = None;
-        });
-        let err = UpstreamError::Closed(match &end {
+        self.end_session(match &end {
             End::Exited(why) => format!("SSE session ended: {why}"),
             End::Stop(_) => "SSE backend is shutting down".into(),
         });
-        for (_, p) in self.pending.drain() {
-            p.finish(Err(err.clone()));
-        }
         end
     }
 
@@ -302,18 +295,24 @@ impl Actor {
         if timeout(EXIT_GRACE, child.wait()).await.is_err() {
             let _ = child.kill().await;
         }
+        self.end_session(match &end {
+            End::Exited(why) => why.clone(),
+            End::Stop(_) => "stdio backend is shutting down".into(),
+        });
+        end
+    }
+
+    /// A session (child or SSE connection) is over: the status says so, and every request
+    /// still in flight fails with `why`.
+    fn end_session(&mut self, why: String) {
         self.status.send_modify(|s| {
             s.up = false;
             s.pid = None;
         });
-        let err = UpstreamError::Closed(match &end {
-            End::Exited(why) => why.clone(),
-            End::Stop(_) => "stdio backend is shutting down".into(),
-        });
+        let err = UpstreamError::Closed(why);
         for (_, p) in self.pending.drain() {
             p.finish(Err(err.clone()));
         }
-        end
     }
 
     /// A session (child or SSE connection) is up: the status says so under a new generation,
