@@ -63,6 +63,8 @@ pub const DEFAULT_BREAKER_OPEN_MS: u64 = 5_000;
 pub const DEFAULT_SAMPLING_RATIO: f64 = 1.0;
 /// `[tracing] service_name`: the OpenTelemetry `service.name` of the spans.
 pub const DEFAULT_SERVICE_NAME: &str = "portico";
+/// The `tracing` filter when neither `[log] level` nor `RUST_LOG` gives one.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// A configuration problem, always naming the key (or file) at fault.
 #[derive(Debug, thiserror::Error)]
@@ -706,120 +708,55 @@ pub enum FailureMode {
     Closed,
 }
 
-fn default_listen() -> String {
-    DEFAULT_LISTEN.to_string()
-}
-fn default_max_body_bytes() -> usize {
-    DEFAULT_MAX_BODY_BYTES
-}
-fn default_timeout_ms() -> u64 {
-    DEFAULT_TIMEOUT_MS
-}
-fn default_drain_timeout_ms() -> u64 {
-    DEFAULT_DRAIN_TIMEOUT_MS
-}
-fn default_header_read_timeout_ms() -> u64 {
-    DEFAULT_HEADER_READ_TIMEOUT_MS
-}
-fn default_body_read_timeout_ms() -> u64 {
-    DEFAULT_BODY_READ_TIMEOUT_MS
-}
-fn default_body_min_bytes_per_s() -> u64 {
-    DEFAULT_BODY_MIN_BYTES_PER_S
-}
-fn default_sse_keepalive_ms() -> u64 {
-    DEFAULT_SSE_KEEPALIVE_MS
+// serde's `default = "…"` takes a function's name, so each default the structs use gets a
+// one-line accessor here; the values themselves are the `DEFAULT_*` constants above.
+macro_rules! default_fns {
+    ($($name:ident: $ty:ty = $value:expr;)*) => {
+        $(fn $name() -> $ty {
+            $value
+        })*
+    };
 }
 
-fn default_max_header_bytes() -> usize {
-    DEFAULT_MAX_HEADER_BYTES
-}
-fn default_true() -> bool {
-    true
-}
-fn default_level() -> String {
-    "info".to_string()
-}
-fn default_session_ttl_ms() -> u64 {
-    DEFAULT_SESSION_TTL_MS
-}
-fn default_cache_max_ttl_ms() -> u64 {
-    DEFAULT_CACHE_MAX_TTL_MS
-}
-fn default_cache_max_bytes() -> u64 {
-    DEFAULT_CACHE_MAX_BYTES
-}
-fn default_stale_if_error_ms() -> u64 {
-    DEFAULT_STALE_IF_ERROR_MS
-}
-fn default_redis_timeout_ms() -> u64 {
-    DEFAULT_REDIS_TIMEOUT_MS
-}
-fn default_redis_prefix() -> String {
-    DEFAULT_REDIS_PREFIX.to_string()
-}
-fn default_separator() -> String {
-    DEFAULT_SEPARATOR.to_string()
-}
-fn default_probe_timeout_ms() -> u64 {
-    DEFAULT_PROBE_TIMEOUT_MS
-}
-fn default_max_line_bytes() -> usize {
-    DEFAULT_MAX_LINE_BYTES
-}
-fn default_max_answer_bytes() -> usize {
-    DEFAULT_MAX_ANSWER_BYTES
-}
-fn default_debounce_ms() -> u64 {
-    DEFAULT_DEBOUNCE_MS
-}
-fn default_max_idle_connections() -> usize {
-    DEFAULT_MAX_IDLE_CONNECTIONS
-}
-fn default_max_upstream_sessions() -> usize {
-    DEFAULT_MAX_UPSTREAM_SESSIONS
-}
-fn default_upstream_idle_ms() -> u64 {
-    DEFAULT_UPSTREAM_IDLE_MS
-}
-fn default_input_hold_ms() -> u64 {
-    DEFAULT_INPUT_HOLD_MS
-}
-fn default_sampling_ratio() -> f64 {
-    DEFAULT_SAMPLING_RATIO
-}
-fn default_service_name() -> String {
-    DEFAULT_SERVICE_NAME.to_string()
-}
-fn default_metrics_listen() -> String {
-    DEFAULT_METRICS_LISTEN.to_string()
-}
-fn default_ready_min_backends() -> usize {
-    DEFAULT_READY_MIN_BACKENDS
-}
-fn default_health_interval_ms() -> u64 {
-    DEFAULT_HEALTH_INTERVAL_MS
-}
-fn default_health_timeout_ms() -> u64 {
-    DEFAULT_HEALTH_TIMEOUT_MS
-}
-fn default_jwks_refresh_ms() -> u64 {
-    DEFAULT_JWKS_REFRESH_MS
-}
-fn default_team_claim() -> String {
-    DEFAULT_TEAM_CLAIM.to_string()
-}
-fn default_jwt_leeway_s() -> u64 {
-    DEFAULT_JWT_LEEWAY_S
-}
-fn default_retries() -> u32 {
-    DEFAULT_RETRIES
-}
-fn default_breaker_failures() -> u32 {
-    DEFAULT_BREAKER_FAILURES
-}
-fn default_breaker_open_ms() -> u64 {
-    DEFAULT_BREAKER_OPEN_MS
+default_fns! {
+    default_listen: String = DEFAULT_LISTEN.to_string();
+    default_max_body_bytes: usize = DEFAULT_MAX_BODY_BYTES;
+    default_timeout_ms: u64 = DEFAULT_TIMEOUT_MS;
+    default_drain_timeout_ms: u64 = DEFAULT_DRAIN_TIMEOUT_MS;
+    default_header_read_timeout_ms: u64 = DEFAULT_HEADER_READ_TIMEOUT_MS;
+    default_body_read_timeout_ms: u64 = DEFAULT_BODY_READ_TIMEOUT_MS;
+    default_body_min_bytes_per_s: u64 = DEFAULT_BODY_MIN_BYTES_PER_S;
+    default_sse_keepalive_ms: u64 = DEFAULT_SSE_KEEPALIVE_MS;
+    default_max_header_bytes: usize = DEFAULT_MAX_HEADER_BYTES;
+    default_true: bool = true;
+    default_level: String = DEFAULT_LOG_LEVEL.to_string();
+    default_session_ttl_ms: u64 = DEFAULT_SESSION_TTL_MS;
+    default_cache_max_ttl_ms: u64 = DEFAULT_CACHE_MAX_TTL_MS;
+    default_cache_max_bytes: u64 = DEFAULT_CACHE_MAX_BYTES;
+    default_stale_if_error_ms: u64 = DEFAULT_STALE_IF_ERROR_MS;
+    default_redis_timeout_ms: u64 = DEFAULT_REDIS_TIMEOUT_MS;
+    default_redis_prefix: String = DEFAULT_REDIS_PREFIX.to_string();
+    default_separator: String = DEFAULT_SEPARATOR.to_string();
+    default_probe_timeout_ms: u64 = DEFAULT_PROBE_TIMEOUT_MS;
+    default_max_line_bytes: usize = DEFAULT_MAX_LINE_BYTES;
+    default_max_answer_bytes: usize = DEFAULT_MAX_ANSWER_BYTES;
+    default_debounce_ms: u64 = DEFAULT_DEBOUNCE_MS;
+    default_max_idle_connections: usize = DEFAULT_MAX_IDLE_CONNECTIONS;
+    default_max_upstream_sessions: usize = DEFAULT_MAX_UPSTREAM_SESSIONS;
+    default_upstream_idle_ms: u64 = DEFAULT_UPSTREAM_IDLE_MS;
+    default_input_hold_ms: u64 = DEFAULT_INPUT_HOLD_MS;
+    default_sampling_ratio: f64 = DEFAULT_SAMPLING_RATIO;
+    default_service_name: String = DEFAULT_SERVICE_NAME.to_string();
+    default_metrics_listen: String = DEFAULT_METRICS_LISTEN.to_string();
+    default_ready_min_backends: usize = DEFAULT_READY_MIN_BACKENDS;
+    default_health_interval_ms: u64 = DEFAULT_HEALTH_INTERVAL_MS;
+    default_health_timeout_ms: u64 = DEFAULT_HEALTH_TIMEOUT_MS;
+    default_jwks_refresh_ms: u64 = DEFAULT_JWKS_REFRESH_MS;
+    default_team_claim: String = DEFAULT_TEAM_CLAIM.to_string();
+    default_jwt_leeway_s: u64 = DEFAULT_JWT_LEEWAY_S;
+    default_retries: u32 = DEFAULT_RETRIES;
+    default_breaker_failures: u32 = DEFAULT_BREAKER_FAILURES;
+    default_breaker_open_ms: u64 = DEFAULT_BREAKER_OPEN_MS;
 }
 
 /// The built-in servers `builtin = "…"` may name.
