@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Client side of benches/scale.sh: many initialize-era sessions, or many listen streams.
+"""Client side of benches/scale.sh: many initialize-era sessions, listen streams or idle connections.
 
 Standard library only (asyncio with a minimal HTTP/1.1 client: keep-alive, Content-Length and
-chunked bodies, SSE). Two modes, both driven by files so the shell can measure while the client
+chunked bodies, SSE). Three modes, all driven by files so the shell can measure while the client
 holds what it opened:
 
   scale.py sessions --port P --path /mcp/bench --n 10000 [--call] --ready R --release X
@@ -17,6 +17,12 @@ holds what it opened:
       --concurrency waiting for their acknowledgement at a time), counts the notifications arriving
       on all of them for --window seconds, writes the JSON summary to R, keeps counting until X
       exists, then prints the final JSON (including the rate while the shell's load ran).
+
+  scale.py conns --port P --path /mcp/bench --n 5000 --idle 3 --ready R --release X
+      Opens N keep-alive connections, one 2026-07-28 tools/call on each (at most --concurrency
+      at a time), lets them all idle for --idle seconds, writes the JSON summary to R, waits
+      until X exists, then sends a second tools/call on a sample of the same connections (do
+      they still serve?), closes them all and prints the final JSON.
 
 Every wait is bounded (--timeout per request, --hold-timeout for the release file).
 """
@@ -115,9 +121,10 @@ class Conn:
                     return
                 yield data
 
-    async def request(self, path, headers, body):
-        """POST with one retry on a connection the server closed while idle."""
-        for attempt in (0, 1):
+    async def request(self, path, headers, body, retry=True):
+        """POST with one retry (unless `retry` is false) on a connection the server closed
+        while idle."""
+        for attempt in (0, 1) if retry else (1,):
             fresh = self.w is None
             try:
                 status, hdrs = await self.send_head("POST", path, headers, body)
@@ -419,19 +426,88 @@ async def streams(a):
     return summary
 
 
+# ------------------------------------------------------------------------------ idle connections
+
+
+CALL_HEADERS = {
+    "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+    "MCP-Protocol-Version": LATEST, "Mcp-Method": "tools/call", "Mcp-Name": "echo",
+}
+
+
+async def modern_call(conn, path, rid, timeout, retry=True):
+    body = json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": {
+        "name": "echo", "arguments": {"text": "hello"}, "_meta": META}}).encode()
+    status, hdrs, data = await asyncio.wait_for(
+        conn.request(path, CALL_HEADERS, body, retry), timeout)
+    if status != 200:
+        raise HttpError(f"tools/call: HTTP {status}")
+    msg = message(hdrs, data)
+    if msg.get("id") != rid or "result" not in msg:
+        raise HttpError(f"tools/call: no result: {str(msg)[:120]}")
+
+
+async def conns(a):
+    opened, errors, times = [], {}, []
+    sem = asyncio.Semaphore(a.concurrency)
+
+    async def one(i):
+        async with sem:
+            conn = Conn(a.host, a.port)
+            t0 = time.monotonic()
+            try:
+                await modern_call(conn, a.path, i, a.timeout)
+                times.append(time.monotonic() - t0)
+                opened.append(conn)
+            except Exception as e:  # noqa: BLE001 - every failure is counted by reason
+                errors[reason(e)] = errors.get(reason(e), 0) + 1
+                conn.close()
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(a.n)))
+    took = time.monotonic() - t0
+    await asyncio.sleep(a.idle)
+    summary = {
+        "requested": a.n, "opened": len(opened), "failed": a.n - len(opened), "errors": errors,
+        "open_seconds": round(took, 3), "idle_s": a.idle,
+        "call_p50_ms": round(pct(times, 50) * 1000, 2) if times else None,
+        "call_p99_ms": round(pct(times, 99) * 1000, 2) if times else None,
+    }
+    write_json(a.ready, summary)
+    summary["released"] = await wait_release(a.release, a.hold_timeout)
+    # Do the idle connections still serve? A second call on a sample of them.
+    sample = opened[:: max(1, len(opened) // a.verify)][: a.verify] if opened else []
+    ok, verrs = 0, {}
+    for k, conn in enumerate(sample):
+        if conn.w is None:
+            verrs["closed before the second call"] = verrs.get("closed before the second call", 0) + 1
+            continue
+        try:
+            await modern_call(conn, a.path, a.n + k, a.timeout, retry=False)
+            ok += 1
+        except Exception as e:  # noqa: BLE001
+            verrs[reason(e)] = verrs.get(reason(e), 0) + 1
+    for conn in opened:
+        conn.close()
+    summary.update({"verified": ok, "verify_sample": len(sample), "verify_errors": verrs})
+    return summary
+
+
 # ------------------------------------------------------------------------------ main
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("mode", choices=["sessions", "streams"])
+    p.add_argument("mode", choices=["sessions", "streams", "conns"])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--path", required=True)
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--call", action="store_true", help="sessions: one tools/call per session")
-    p.add_argument("--verify", type=int, default=100, help="sessions: sample re-used after the hold")
+    p.add_argument("--verify", type=int, default=100,
+                   help="sessions, conns: sample re-used after the hold")
+    p.add_argument("--idle", type=float, default=3, help="conns: seconds idle before the summary")
     p.add_argument("--window", type=float, default=10, help="streams: seconds of counting")
     p.add_argument("--settle", type=float, default=2, help="streams: pause before counting")
     p.add_argument("--timeout", type=float, default=30, help="per request / acknowledgement")
@@ -439,7 +515,8 @@ def main():
     p.add_argument("--release", required=True)
     p.add_argument("--hold-timeout", type=float, default=600)
     a = p.parse_args()
-    result = asyncio.run(sessions(a) if a.mode == "sessions" else streams(a))
+    mode = {"sessions": sessions, "streams": streams, "conns": conns}[a.mode]
+    result = asyncio.run(mode(a))
     print(json.dumps(result))
     return 0
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # portico at scale (issue #23 item 4): memory per idle initialize-era client session, memory per
-# open subscriptions/listen stream, latency while they are held, and a soak whose RSS must stay
-# flat. Uses the existing release binaries (it never builds), everything on 127.0.0.1. Prints a
+# open subscriptions/listen stream, memory per idle keep-alive client connection, latency while
+# they are held, and a soak whose RSS must stay flat. Uses the existing release binaries (it never builds), everything on 127.0.0.1. Prints a
 # markdown report and writes it to benches/results/scale.md.
 #
-#   benches/scale.sh                                        # 10,000 sessions, 1,000 streams, 600 s soak
+#   benches/scale.sh                # 10,000 sessions, 1,000 streams, 5,000 connections, 600 s soak
 #   SESSIONS=300 STREAMS=50 SOAK_S=40 WRK_S=3 benches/scale.sh   # a quick check
 #   PART=streams STREAMS=2000 benches/scale.sh              # one part only
 #
@@ -17,8 +17,10 @@ BENCHES=$ROOT/benches
 # ---------------------------------------------------------------- knobs
 SESSIONS=${SESSIONS:-10000}                # initialize-era client sessions per backend kind
 STREAMS=${STREAMS:-1000}                   # subscriptions/listen streams held open
+CONNS=${CONNS:-5000}                       # idle keep-alive client connections held open
+CONN_IDLE_S=${CONN_IDLE_S:-3}              # how long they idle before portico's RSS is read
 SOAK_S=${SOAK_S:-600}                      # seconds of load in the soak
-PART=${PART:-"sessions streams soak"}      # which parts run, in this order
+PART=${PART:-"sessions streams conns soak"} # which parts run, in this order
 OPEN_CONCURRENCY=${OPEN_CONCURRENCY:-64}   # sessions/streams being opened at once
 WRK_S=${WRK_S:-10}                         # the short wrk run (and its baseline before opening)
 WRK_C=${WRK_C:-16}                         # wrk connections, every run
@@ -47,9 +49,10 @@ posint() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer (got 
 posint SESSIONS "$SESSIONS"; posint STREAMS "$STREAMS"; posint SOAK_S "$SOAK_S"
 posint OPEN_CONCURRENCY "$OPEN_CONCURRENCY"; posint WRK_S "$WRK_S"; posint WRK_C "$WRK_C"
 posint NOTIFY_MS "$NOTIFY_MS"; posint STREAM_WINDOW "$STREAM_WINDOW"; posint SAMPLE_S "$SAMPLE_S"
-posint WORKERS "$WORKERS"
+posint WORKERS "$WORKERS"; posint CONNS "$CONNS"; posint CONN_IDLE_S "$CONN_IDLE_S"
 for p in $PART; do
-    [[ $p == sessions || $p == streams || $p == soak ]] || die "unknown PART '$p' (sessions streams soak)"
+    [[ $p == sessions || $p == streams || $p == conns || $p == soak ]] \
+        || die "unknown PART '$p' (sessions streams conns soak)"
 done
 wants() { [[ " $PART " == *" $1 "* ]]; }
 
@@ -66,11 +69,13 @@ NCPU=$(nproc)
 if [[ $PIN == 1 ]] && ((NCPU < 2)); then say "only $NCPU CPU: not pinning"; PIN=0; fi
 [[ -n $LOADGEN_THREADS ]] || LOADGEN_THREADS=$(cpu_count "$LOADGEN_CPUS")
 ((LOADGEN_THREADS > WRK_C)) && LOADGEN_THREADS=$WRK_C
-[[ -n $OPEN_TIMEOUT ]] || OPEN_TIMEOUT=$((120 + SESSIONS / 20 + STREAMS / 10))
+[[ -n $OPEN_TIMEOUT ]] || OPEN_TIMEOUT=$((120 + SESSIONS / 20 + STREAMS / 10 + CONNS / 50))
 
 # File descriptors: portico holds a client and an upstream connection per stream, the Python
-# client one per stream; the backends one per upstream connection. Raised to what is needed.
+# client one per stream (and one per idle connection); the backends one per upstream
+# connection. Raised to what is needed.
 FD_NEED=$((2 * STREAMS + 4 * OPEN_CONCURRENCY + 512))
+wants conns && ((CONNS + 4 * OPEN_CONCURRENCY + 512 > FD_NEED)) && FD_NEED=$((CONNS + 4 * OPEN_CONCURRENCY + 512))
 if (($(ulimit -n) < FD_NEED)); then
     ulimit -n "$FD_NEED" 2>/dev/null \
         || die "need $FD_NEED file descriptors, ulimit -n is $(ulimit -n) (hard limit $(ulimit -Hn)): lower STREAMS or raise the limit"
@@ -146,6 +151,7 @@ declare -A PORT=()
 SESSION_KEY=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 MAX_UPSTREAM=$((SESSIONS + OPEN_CONCURRENCY + 100))
 UPSTREAM_IDLE_MS=86400000
+HEADER_READ_TIMEOUT_MS=10000  # the default; the conns part raises it so its connections stay open
 SESSION_TTL_MS=86400000
 
 start_backend() { # NAME ARGS...
@@ -175,6 +181,7 @@ portico_conf() { # PORT METRICS-PORT
 listen = "127.0.0.1:$1"
 workers = $WORKERS
 drain_timeout_ms = 1000
+header_read_timeout_ms = $HEADER_READ_TIMEOUT_MS
 
 [log]
 access = false
@@ -374,7 +381,41 @@ streams_part() {
     stop "$name"
 }
 
-# ---------------------------------------------------------------- part 3: soak
+# ---------------------------------------------------------------- part 3: idle connections
+declare -A N=()
+conns_part() {
+    local name=conns pid ready
+    say "conns: fresh portico (header_read_timeout_ms = 600000), baseline wrk ${WRK_S} s"
+    HEADER_READ_TIMEOUT_MS=600000 start_portico "$name"
+    N[base]=$(run_wrk "$WRK_S")
+    sleep 1
+    pid=${PID[$name]}
+    N[rss0]=$(status_kb "$pid" VmRSS) N[fd0]=$(fds "$pid")
+    ready=$TMP/$name.ready
+    say "conns: opening $CONNS keep-alive connections (one tools/call each), idle ${CONN_IDLE_S} s"
+    bg "$name-client" "$LOADGEN_CPUS" timeout $((OPEN_TIMEOUT + CONN_IDLE_S + WRK_S + 300)) "$PYTHON" "$BENCHES/scale.py" conns \
+        --port "${PORT[$name]}" --path /mcp/bench --n "$CONNS" --concurrency "$OPEN_CONCURRENCY" \
+        --idle "$CONN_IDLE_S" --ready "$ready" --release "$TMP/$name.release" --hold-timeout $((WRK_S + 240))
+    if ! wait_file "$ready" "${PID[$name-client]}" $((OPEN_TIMEOUT + CONN_IDLE_S + 5)); then
+        echo "conns: the client did not finish opening in time: $(last_err "$TMP/$name-client.err")" >>"$TMP/notes.txt"
+        stop "$name-client"; stop "$name"; N[failed]=1
+        return
+    fi
+    N[open]=$(cat "$ready")
+    N[rss1]=$(status_kb "$pid" VmRSS) N[fd1]=$(fds "$pid")
+    say "conns: $(jq -r '"\(.opened) open, \(.failed) failed"' <<<"${N[open]}"); wrk ${WRK_S} s with them open"
+    N[held]=$(run_wrk "$WRK_S")
+    N[rss2]=$(status_kb "$pid" VmRSS) N[hwm]=$(status_kb "$pid" VmHWM)
+    touch "$TMP/$name.release"
+    wait_exit "${PID[$name-client]}" 120
+    N[final]=$(tail -n 1 "$TMP/$name-client.out")
+    jq -e . >/dev/null 2>&1 <<<"${N[final]}" || N[final]='{}'
+    unset "PID[$name-client]"
+    portico_warnings "$name"
+    stop "$name"
+}
+
+# ---------------------------------------------------------------- part 4: soak
 declare -A K=()
 : >"$TMP/soak.tsv"
 soak_part() {
@@ -406,12 +447,14 @@ soak_part() {
 est=0
 wants sessions && est=$((est + 2 * (2 * WRK_S + 10) + SESSIONS / 500))
 wants streams && est=$((est + 2 * WRK_S + STREAM_WINDOW + 10 + STREAMS / 200))
+wants conns && est=$((est + 2 * WRK_S + CONN_IDLE_S + 5 + CONNS / 500))
 wants soak && est=$((est + SOAK_S + 5))
 say "parts: $PART; about $((est / 60)) min $((est % 60)) s"
 for p in $PART; do
     case $p in
     sessions) sessions_part modern; sessions_part legacy ;;
     streams) streams_part ;;
+    conns) conns_part ;;
     soak) soak_part ;;
     esac
 done
@@ -516,6 +559,31 @@ jf() { jq -r "$1 // \"–\"" <<<"${2:-"{}"}"; }   # FILTER JSON -> a field, "–
             echo "Cross-checks: \`portico_listen_streams{endpoint=\"bench\"}\` ${L[gauge0]} before, ${L[gauge1]} with the streams open, ${L[gauge2]} after the wrk run, ${L[gauge3]:-–} once the client left;"
             echo "the backend saw ${L[upstream]} upstream \`subscriptions/listen\`; streams that ended early: $(jf .ended "$f")$(v=$(jq -c '.end_reasons // {}' <<<"$f"); [[ $v != "{}" ]] && echo " ($v)");"
             echo "notifications with a wrong \`subscriptionId\`: $(jf .bad_subscription_id "$f"); peak RSS (VmHWM): $(kib "${L[hwm]:-}")."
+            e=$(jq -c '.errors // {}' <<<"$o")
+            [[ $e != "{}" ]] && echo "Failures while opening: $e"
+        fi
+    fi
+    if wants conns; then
+        echo
+        echo "## Idle keep-alive client connections"
+        echo
+        echo "Each connection: one 2026-07-28 \`tools/call\` on \`/mcp/bench\` (pass-through), then kept open and idle ($OPEN_CONCURRENCY opened at a time);"
+        echo "RSS after = once every connection has idled at least ${CONN_IDLE_S} s. This portico has \`header_read_timeout_ms = 600000\` (default 10000, which closes an idle keep-alive connection after 10 s)."
+        echo
+        if [[ -n ${N[failed]:-} || -z ${N[open]:-} ]]; then
+            echo "n/a (see notes)"
+        else
+            o=${N[open]} f=${N[final]:-"{}"}
+            echo "| connections | failed | open time | call p50 / p99 | RSS before | RSS after | **RSS per idle connection** | RSS after wrk | portico open fds before → after |"
+            echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            echo "| $(jf .opened "$o") | $(jf .failed "$o") | $(jf .open_seconds "$o") s | $(jf .call_p50_ms "$o") / $(jf .call_p99_ms "$o") ms | $(kib "${N[rss0]}") | $(kib "${N[rss1]}") | **$(per "${N[rss0]}" "${N[rss1]}" "$(jf .opened "$o")")** | $(kib "${N[rss2]}") | ${N[fd0]} → ${N[fd1]} |"
+            echo
+            echo "| state | req/s | p50 | p99 | wrk errors |"
+            echo "|---|---:|---:|---:|---:|"
+            echo "| no idle connections (baseline) | $(lat "${N[base]}") |"
+            echo "| $(jf .opened "$o") idle connections | $(lat "${N[held]}") |"
+            echo
+            echo "Cross-checks: after the wrk run $(jf .verified "$f") of $(jf .verify_sample "$f") sampled idle connections answered a second \`tools/call\` on the same connection$(v=$(jq -c '.verify_errors // {}' <<<"$f"); [[ $v != "{}" ]] && echo " (errors: $v)"); peak RSS (VmHWM): $(kib "${N[hwm]:-}")."
             e=$(jq -c '.errors // {}' <<<"$o")
             [[ $e != "{}" ]] && echo "Failures while opening: $e"
         fi

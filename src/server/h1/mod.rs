@@ -57,6 +57,9 @@ const WBUF_START: usize = 1024;
 /// ...and the most it keeps between answers: one large answer does not pin up to
 /// `WRITE_BATCH` and more to an idle keep-alive connection.
 const WBUF_KEEP: usize = 16 * 1024;
+/// How long a keep-alive connection idles before it gives its buffers back (`Conn::fill`):
+/// long past a busy client's gap between requests, so the hot path never allocates anew.
+const IDLE_RELEASE: Duration = Duration::from_secs(1);
 /// The HTTP/2 connection preface (RFC 9113 §3.4): a prior-knowledge h2c client.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
@@ -235,33 +238,65 @@ impl Conn {
     }
 
     /// Reads more bytes into `rbuf`, waiting until `deadline`; while idle, the drain ends the wait.
+    ///
+    /// Idle (between requests: `stop` given, `rbuf` empty), a connection that has waited
+    /// `IDLE_RELEASE` gives its buffers back and waits on readiness alone, taking a fresh buffer
+    /// when bytes come: a keep-alive connection that idles for long holds no buffer. The release
+    /// is a second stage of the one timer, so a busy connection pays nothing for it.
     async fn fill<S: Future>(
         &mut self,
         deadline: Instant,
         stop: Option<Pin<&mut S>>,
     ) -> Result<(), Fill> {
+        let mut release_at = match stop {
+            Some(_) if self.limits.header_timeout > IDLE_RELEASE => {
+                Some(deadline - (self.limits.header_timeout - IDLE_RELEASE))
+            }
+            _ => None,
+        };
         self.rbuf.reserve(READ_CHUNK);
         // Reset only matters once the read has to wait; a registered timer moved later is a
         // store, not a trip through the timer wheel.
-        self.timer.as_mut().reset(deadline);
+        self.timer.as_mut().reset(release_at.unwrap_or(deadline));
         // Once it has fired the connection closes, so it is never polled after completion.
-        let stopped = async {
+        let mut stopped = pin!(async {
             match stop {
                 Some(s) => {
                     s.await;
                 }
                 None => std::future::pending().await,
             }
-        };
-        tokio::select! {
-            biased;
-            read = self.io.read_buf(&mut self.rbuf) => match read {
-                Ok(0) => Err(Fill::Eof),
-                Ok(_) => Ok(()),
-                Err(_) => Err(Fill::Io),
-            },
-            _ = &mut self.timer => Err(Fill::TimedOut),
-            _ = stopped => Err(Fill::Stopped),
+        });
+        loop {
+            tokio::select! {
+                biased;
+                read = self.io.read_buf(&mut self.rbuf) => return match read {
+                    Ok(0) => Err(Fill::Eof),
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(Fill::Io),
+                },
+                _ = &mut self.timer => {
+                    if release_at.take().is_none() {
+                        return Err(Fill::TimedOut);
+                    }
+                }
+                _ = &mut stopped => return Err(Fill::Stopped),
+            }
+            self.rbuf = BytesMut::new();
+            self.wbuf = Vec::new();
+            self.spots = HeaderSpots::default();
+            self.timer.as_mut().reset(deadline);
+            tokio::select! {
+                biased;
+                ready = self.io.readable() => {
+                    if ready.is_err() {
+                        return Err(Fill::Io);
+                    }
+                }
+                _ = &mut self.timer => return Err(Fill::TimedOut),
+                _ = &mut stopped => return Err(Fill::Stopped),
+            }
+            self.rbuf.reserve(READ_CHUNK);
         }
     }
 
@@ -314,6 +349,8 @@ impl Conn {
             || status == StatusCode::NOT_MODIFIED;
         let wbuf = &mut self.wbuf;
         wbuf.clear();
+        // Given back while the connection idled (`fill`): taken again at its usual size.
+        wbuf.reserve(WBUF_START);
         status_line(wbuf, status);
         let mut framing = Framing::Chunked;
         for (name, value) in &parts.headers {
@@ -428,6 +465,8 @@ impl Conn {
         let body = GatewayError::InvalidRequest(why.to_string()).to_message(None);
         let wbuf = &mut self.wbuf;
         wbuf.clear();
+        // Given back while the connection idled (`fill`): taken again at its usual size.
+        wbuf.reserve(WBUF_START);
         status_line(wbuf, status);
         wbuf.extend_from_slice(b"content-type: application/json\r\nconnection: close\r\n");
         date_header(wbuf);

@@ -180,3 +180,64 @@ async fn a_connection_holds_no_buffer_it_does_not_need() {
         c.wbuf.capacity()
     );
 }
+
+/// A keep-alive connection that idles past `IDLE_RELEASE` gives back its read and write
+/// buffers, then serves its next request as usual, taking them again (README, "Scale").
+#[tokio::test(start_paused = true)]
+async fn an_idle_keep_alive_connection_gives_its_buffers_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (io, _) = listener.accept().await.unwrap();
+    let timeout = Duration::from_secs(10);
+    let mut c = Conn {
+        io,
+        rbuf: BytesMut::with_capacity(READ_CHUNK),
+        wbuf: Vec::with_capacity(WBUF_START),
+        spots: HeaderSpots::default(),
+        timer: Box::pin(tokio::time::sleep(timeout)),
+        limits: Limits {
+            header_timeout: timeout,
+            body_timeout: timeout,
+            body_min_rate: 0,
+            max_head: 8192,
+            max_body: 1 << 20,
+        },
+    };
+    let mut never = pin!(std::future::pending::<()>());
+    // Waiting for a request, a little less than the release time: the buffers stay.
+    tokio::select! {
+        _ = c.read_head(never.as_mut()) => panic!("no request was sent"),
+        _ = tokio::time::sleep(IDLE_RELEASE / 2) => {}
+    }
+    assert_eq!(c.rbuf.capacity(), READ_CHUNK, "a short wait keeps the buffer");
+    assert_eq!(c.wbuf.capacity(), WBUF_START);
+    // Past it: nothing held, and the connection is still open.
+    tokio::select! {
+        _ = c.read_head(never.as_mut()) => panic!("no request was sent"),
+        _ = tokio::time::sleep(IDLE_RELEASE * 2) => {}
+    }
+    assert_eq!(c.rbuf.capacity(), 0, "no read buffer after a long idle");
+    assert_eq!(c.wbuf.capacity(), 0, "no write buffer after a long idle");
+    // The next request is read and answered as ever.
+    client
+        .write_all(b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let head = tokio::select! {
+        head = c.read_head(never.as_mut()) => head.ok().expect("a request head"),
+        _ = tokio::time::sleep(timeout / 2) => panic!("the request was not read"),
+    };
+    assert_eq!(head.parts.uri.path(), "/mcp");
+    assert_eq!(head.content_length, 2);
+    assert!(c.rbuf.capacity() > 0, "a buffer taken again for the request");
+    let resp = http::Response::new(Body::full(Bytes::from_static(b"{}")));
+    assert!(c.write_response(resp, false, true).await);
+    let mut got = vec![0u8; 512];
+    let n = client.read(&mut got).await.unwrap();
+    let answer = String::from_utf8_lossy(&got[..n]);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\n{}"), "{answer}");
+}
