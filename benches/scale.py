@@ -18,9 +18,10 @@ holds what it opened:
       on all of them for --window seconds, writes the JSON summary to R, keeps counting until X
       exists, then prints the final JSON (including the rate while the shell's load ran).
 
-  scale.py conns --port P --path /mcp/bench --n 5000 --idle 3 --ready R --release X
+  scale.py conns --port P --path /mcp/bench --n 5000 --batches 5 --idle 3 --ready R --release X
       Opens N keep-alive connections, one 2026-07-28 tools/call on each (at most --concurrency
-      at a time), lets them all idle for --idle seconds, writes the JSON summary to R, waits
+      at a time), in --batches batches each followed by --idle seconds of idling (the last
+      batch's too), writes the JSON summary to R, waits
       until X exists, then sends a second tools/call on a sample of the same connections (do
       they still serve?), closes them all and prints the final JSON.
 
@@ -463,13 +464,18 @@ async def conns(a):
                 errors[reason(e)] = errors.get(reason(e), 0) + 1
                 conn.close()
 
-    t0 = time.monotonic()
-    await asyncio.gather(*(one(i) for i in range(a.n)))
-    took = time.monotonic() - t0
-    await asyncio.sleep(a.idle)
+    # In batches, each left idle for --idle seconds before the next opens: connections that
+    # arrive over time, not all in one burst (what a burst costs at its peak is not what idle
+    # connections cost once they have settled).
+    took = 0.0
+    for b in range(a.batches):
+        t0 = time.monotonic()
+        await asyncio.gather(*(one(i) for i in range(b * a.n // a.batches, (b + 1) * a.n // a.batches)))
+        took += time.monotonic() - t0
+        await asyncio.sleep(a.idle)
     summary = {
         "requested": a.n, "opened": len(opened), "failed": a.n - len(opened), "errors": errors,
-        "open_seconds": round(took, 3), "idle_s": a.idle,
+        "open_seconds": round(took, 3), "idle_s": a.idle, "batches": a.batches,
         "call_p50_ms": round(pct(times, 50) * 1000, 2) if times else None,
         "call_p99_ms": round(pct(times, 99) * 1000, 2) if times else None,
     }
@@ -507,7 +513,8 @@ def main():
     p.add_argument("--call", action="store_true", help="sessions: one tools/call per session")
     p.add_argument("--verify", type=int, default=100,
                    help="sessions, conns: sample re-used after the hold")
-    p.add_argument("--idle", type=float, default=3, help="conns: seconds idle before the summary")
+    p.add_argument("--idle", type=float, default=3, help="conns: seconds idle after each batch")
+    p.add_argument("--batches", type=int, default=1, help="conns: opened in this many batches")
     p.add_argument("--window", type=float, default=10, help="streams: seconds of counting")
     p.add_argument("--settle", type=float, default=2, help="streams: pause before counting")
     p.add_argument("--timeout", type=float, default=30, help="per request / acknowledgement")

@@ -5,7 +5,7 @@
 # markdown report and writes it to benches/results/scale.md.
 #
 #   benches/scale.sh                # 10,000 sessions, 1,000 streams, 5,000 connections, 600 s soak
-#   SESSIONS=300 STREAMS=50 SOAK_S=40 WRK_S=3 benches/scale.sh   # a quick check
+#   SESSIONS=300 STREAMS=50 CONNS=300 SOAK_S=40 WRK_S=3 benches/scale.sh   # a quick check
 #   PART=streams STREAMS=2000 benches/scale.sh              # one part only
 #
 # Every knob is an environment variable; see benches/README.md ("Scale") or the block below.
@@ -18,7 +18,8 @@ BENCHES=$ROOT/benches
 SESSIONS=${SESSIONS:-10000}                # initialize-era client sessions per backend kind
 STREAMS=${STREAMS:-1000}                   # subscriptions/listen streams held open
 CONNS=${CONNS:-5000}                       # idle keep-alive client connections held open
-CONN_IDLE_S=${CONN_IDLE_S:-3}              # how long they idle before portico's RSS is read
+CONN_BATCHES=${CONN_BATCHES:-5}            # opened in this many batches...
+CONN_IDLE_S=${CONN_IDLE_S:-3}              # ...each followed by this many seconds of idling
 SOAK_S=${SOAK_S:-600}                      # seconds of load in the soak
 PART=${PART:-"sessions streams conns soak"} # which parts run, in this order
 OPEN_CONCURRENCY=${OPEN_CONCURRENCY:-64}   # sessions/streams being opened at once
@@ -50,6 +51,7 @@ posint SESSIONS "$SESSIONS"; posint STREAMS "$STREAMS"; posint SOAK_S "$SOAK_S"
 posint OPEN_CONCURRENCY "$OPEN_CONCURRENCY"; posint WRK_S "$WRK_S"; posint WRK_C "$WRK_C"
 posint NOTIFY_MS "$NOTIFY_MS"; posint STREAM_WINDOW "$STREAM_WINDOW"; posint SAMPLE_S "$SAMPLE_S"
 posint WORKERS "$WORKERS"; posint CONNS "$CONNS"; posint CONN_IDLE_S "$CONN_IDLE_S"
+posint CONN_BATCHES "$CONN_BATCHES"
 for p in $PART; do
     [[ $p == sessions || $p == streams || $p == conns || $p == soak ]] \
         || die "unknown PART '$p' (sessions streams conns soak)"
@@ -392,11 +394,11 @@ conns_part() {
     pid=${PID[$name]}
     N[rss0]=$(status_kb "$pid" VmRSS) N[fd0]=$(fds "$pid")
     ready=$TMP/$name.ready
-    say "conns: opening $CONNS keep-alive connections (one tools/call each), idle ${CONN_IDLE_S} s"
-    bg "$name-client" "$LOADGEN_CPUS" timeout $((OPEN_TIMEOUT + CONN_IDLE_S + WRK_S + 300)) "$PYTHON" "$BENCHES/scale.py" conns \
+    say "conns: opening $CONNS keep-alive connections (one tools/call each) in $CONN_BATCHES batches, idle ${CONN_IDLE_S} s after each"
+    bg "$name-client" "$LOADGEN_CPUS" timeout $((OPEN_TIMEOUT + CONN_BATCHES * CONN_IDLE_S + WRK_S + 300)) "$PYTHON" "$BENCHES/scale.py" conns \
         --port "${PORT[$name]}" --path /mcp/bench --n "$CONNS" --concurrency "$OPEN_CONCURRENCY" \
-        --idle "$CONN_IDLE_S" --ready "$ready" --release "$TMP/$name.release" --hold-timeout $((WRK_S + 240))
-    if ! wait_file "$ready" "${PID[$name-client]}" $((OPEN_TIMEOUT + CONN_IDLE_S + 5)); then
+        --idle "$CONN_IDLE_S" --batches "$CONN_BATCHES" --ready "$ready" --release "$TMP/$name.release" --hold-timeout $((WRK_S + 240))
+    if ! wait_file "$ready" "${PID[$name-client]}" $((OPEN_TIMEOUT + CONN_BATCHES * CONN_IDLE_S + 5)); then
         echo "conns: the client did not finish opening in time: $(last_err "$TMP/$name-client.err")" >>"$TMP/notes.txt"
         stop "$name-client"; stop "$name"; N[failed]=1
         return
@@ -447,7 +449,7 @@ soak_part() {
 est=0
 wants sessions && est=$((est + 2 * (2 * WRK_S + 10) + SESSIONS / 500))
 wants streams && est=$((est + 2 * WRK_S + STREAM_WINDOW + 10 + STREAMS / 200))
-wants conns && est=$((est + 2 * WRK_S + CONN_IDLE_S + 5 + CONNS / 500))
+wants conns && est=$((est + 2 * WRK_S + CONN_BATCHES * CONN_IDLE_S + 5 + CONNS / 500))
 wants soak && est=$((est + SOAK_S + 5))
 say "parts: $PART; about $((est / 60)) min $((est % 60)) s"
 for p in $PART; do
@@ -567,8 +569,8 @@ jf() { jq -r "$1 // \"–\"" <<<"${2:-"{}"}"; }   # FILTER JSON -> a field, "–
         echo
         echo "## Idle keep-alive client connections"
         echo
-        echo "Each connection: one 2026-07-28 \`tools/call\` on \`/mcp/bench\` (pass-through), then kept open and idle ($OPEN_CONCURRENCY opened at a time);"
-        echo "RSS after = once every connection has idled at least ${CONN_IDLE_S} s. This portico has \`header_read_timeout_ms = 600000\` (default 10000, which closes an idle keep-alive connection after 10 s)."
+        echo "Each connection: one 2026-07-28 \`tools/call\` on \`/mcp/bench\` (pass-through), then kept open and idle ($OPEN_CONCURRENCY opened at a time),"
+        echo "in $CONN_BATCHES batches, each followed by ${CONN_IDLE_S} s of idling (connections that arrive over time rather than in one burst); RSS after = once the last batch has idled ${CONN_IDLE_S} s. This portico has \`header_read_timeout_ms = 600000\` (default 10000, which closes an idle keep-alive connection after 10 s)."
         echo
         if [[ -n ${N[failed]:-} || -z ${N[open]:-} ]]; then
             echo "n/a (see notes)"

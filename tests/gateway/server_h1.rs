@@ -6,9 +6,10 @@
 
 use serde_json::{Value, json};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::common::mock::MockMcp;
 use crate::common::{Gateway, modern_body, modern_headers, name_of};
@@ -739,4 +740,49 @@ async fn wait_for_call(mock: &crate::common::mock::MockHandle) {
     })
     .await
     .expect("the request reached the backend");
+}
+
+/// A keep-alive connection idle past a second gives back its buffers (README, "Scale") and
+/// behaves as before: served again when its next request comes (with buffers taken anew),
+/// closed silently once the header timeout has passed since it went idle, closed by the drain.
+/// Virtual time: the idle seconds cost nothing.
+#[tokio::test(start_paused = true)]
+async fn a_connection_idle_past_a_second_is_served_again_or_closed_on_time() {
+    let gw = Gateway::start(&demo(
+        "header_read_timeout_ms = 5000\ndrain_timeout_ms = 10000",
+    ))
+    .await;
+    let mut c = Conn::open(gw.addr).await;
+    c.send(&echo(1, "first", "")).await;
+    assert_eq!(c.response().await.status, 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.send(&echo(2, "after idling", "")).await;
+    let r = c.response().await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["id"], 2);
+    assert!(!r.closes());
+    let (took, extra) = c
+        .closed_within(Duration::from_secs(8))
+        .await
+        .expect("the idle connection was closed at the header timeout");
+    assert!(
+        took >= Duration::from_millis(4900) && took <= Duration::from_millis(5100),
+        "closed {took:?} after going idle, not at the header timeout (5 s)"
+    );
+    assert!(extra.is_empty(), "an idle close is silent");
+    let mut d = Conn::open(gw.addr).await;
+    d.send(&echo(3, "before the drain", "")).await;
+    assert_eq!(d.response().await.status, 200);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stopping = tokio::spawn(gw.stop());
+    let (took, extra) = d
+        .closed_within(Duration::from_secs(2))
+        .await
+        .expect("the idle connection was closed by the drain");
+    assert!(extra.is_empty());
+    assert!(took < Duration::from_secs(1), "the drain took {took:?}");
+    tokio::time::timeout(Duration::from_secs(2), stopping)
+        .await
+        .expect("the drain finished promptly")
+        .unwrap();
 }

@@ -212,7 +212,11 @@ async fn an_idle_keep_alive_connection_gives_its_buffers_back() {
         _ = c.read_head(never.as_mut()) => panic!("no request was sent"),
         _ = tokio::time::sleep(IDLE_RELEASE / 2) => {}
     }
-    assert_eq!(c.rbuf.capacity(), READ_CHUNK, "a short wait keeps the buffer");
+    assert_eq!(
+        c.rbuf.capacity(),
+        READ_CHUNK,
+        "a short wait keeps the buffer"
+    );
     assert_eq!(c.wbuf.capacity(), WBUF_START);
     // Past it: nothing held, and the connection is still open.
     tokio::select! {
@@ -232,7 +236,10 @@ async fn an_idle_keep_alive_connection_gives_its_buffers_back() {
     };
     assert_eq!(head.parts.uri.path(), "/mcp");
     assert_eq!(head.content_length, 2);
-    assert!(c.rbuf.capacity() > 0, "a buffer taken again for the request");
+    assert!(
+        c.rbuf.capacity() > 0,
+        "a buffer taken again for the request"
+    );
     let resp = http::Response::new(Body::full(Bytes::from_static(b"{}")));
     assert!(c.write_response(resp, false, true).await);
     let mut got = vec![0u8; 512];
