@@ -125,14 +125,7 @@ pub async fn serve(
     limits: Limits,
     stop: &mut watch::Receiver<bool>,
 ) -> Outcome {
-    let mut c = Conn {
-        io,
-        rbuf: BytesMut::with_capacity(READ_CHUNK),
-        wbuf: Vec::with_capacity(WBUF_START),
-        spots: HeaderSpots::default(),
-        timer: Box::pin(tokio::time::sleep(limits.header_timeout)),
-        limits,
-    };
+    let mut c = Conn::new(io, limits);
     // The drain, as one future for the connection's life: polled while idle, it registers its
     // interest once instead of once per request. `draining` answers "has it begun?" in between.
     let draining = stop.clone();
@@ -185,6 +178,17 @@ pub async fn serve(
 }
 
 impl Conn {
+    fn new(io: TcpStream, limits: Limits) -> Conn {
+        Conn {
+            io,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            wbuf: Vec::with_capacity(WBUF_START),
+            spots: HeaderSpots::default(),
+            timer: Box::pin(tokio::time::sleep(limits.header_timeout)),
+            limits,
+        }
+    }
+
     /// Reads and parses the next request head.
     async fn read_head<S: Future>(&mut self, mut stop: Pin<&mut S>) -> Result<Head, Stop> {
         let mut deadline = None;

@@ -105,6 +105,23 @@ fn numbers_format() {
     assert_eq!(hex_len(0x1a2f, &mut [0; 16]), b"1a2f");
 }
 
+/// A client and the server side of its connection, every limit `timeout`.
+async fn connected(timeout: Duration) -> (tokio::net::TcpStream, Conn) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (io, _) = listener.accept().await.unwrap();
+    let limits = Limits {
+        header_timeout: timeout,
+        body_timeout: timeout,
+        body_min_rate: 0,
+        max_head: 8192,
+        max_body: 1 << 20,
+    };
+    (client, Conn::new(io, limits))
+}
+
 /// A connection streaming an answer that has to wait (an event stream between events) holds no
 /// read buffer meanwhile, and one large answer does not leave its write buffer behind (README,
 /// "Scale").
@@ -112,26 +129,8 @@ fn numbers_format() {
 async fn a_connection_holds_no_buffer_it_does_not_need() {
     use futures_util::StreamExt;
     use tokio::io::AsyncReadExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-        .await
-        .unwrap();
-    let (io, _) = listener.accept().await.unwrap();
     let timeout = Duration::from_secs(5);
-    let mut c = Conn {
-        io,
-        rbuf: BytesMut::with_capacity(READ_CHUNK),
-        wbuf: Vec::with_capacity(WBUF_START),
-        spots: HeaderSpots::default(),
-        timer: Box::pin(tokio::time::sleep(timeout)),
-        limits: Limits {
-            header_timeout: timeout,
-            body_timeout: timeout,
-            body_min_rate: 0,
-            max_head: 8192,
-            max_body: 1 << 20,
-        },
-    };
+    let (mut client, mut c) = connected(timeout).await;
     // One event, then nothing yet.
     let events = futures_util::stream::iter([Bytes::from_static(b"data: one\n\n")])
         .chain(futures_util::stream::pending());
@@ -186,26 +185,8 @@ async fn a_connection_holds_no_buffer_it_does_not_need() {
 #[tokio::test(start_paused = true)]
 async fn an_idle_keep_alive_connection_gives_its_buffers_back() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-        .await
-        .unwrap();
-    let (io, _) = listener.accept().await.unwrap();
     let timeout = Duration::from_secs(10);
-    let mut c = Conn {
-        io,
-        rbuf: BytesMut::with_capacity(READ_CHUNK),
-        wbuf: Vec::with_capacity(WBUF_START),
-        spots: HeaderSpots::default(),
-        timer: Box::pin(tokio::time::sleep(timeout)),
-        limits: Limits {
-            header_timeout: timeout,
-            body_timeout: timeout,
-            body_min_rate: 0,
-            max_head: 8192,
-            max_body: 1 << 20,
-        },
-    };
+    let (mut client, mut c) = connected(timeout).await;
     let mut never = pin!(std::future::pending::<()>());
     // Waiting for a request, a little less than the release time: the buffers stay.
     tokio::select! {
