@@ -95,6 +95,30 @@ fn bare_collision_names_both_backends() {
 }
 
 #[test]
+fn an_item_is_copied_whole_around_its_renamed_name() {
+    let members = vec![naming("a", "p"), naming("b", "")];
+    // Whitespace, escapes and a nested `name` kept; only the item's own name rewritten.
+    let a = r#"{"tools":[ { "description" : "say \"hi\"" , "name" : "t" , "x" : [ 1 , {"name":"in"} ] } ]}"#;
+    // The name given twice: the last one counts, and both are rewritten to it.
+    let twice = r#"{"tools":[{"name":"s","k":1,"name":"u"}]}"#;
+    // A member exposed bare: its item copied as written.
+    let b = r#"{"tools":[ {"name" : "v", "y":{ }} ]}"#;
+    let m = merge_texts(ListKind::Tools, &members, &[(0, a), (0, twice), (1, b)]).unwrap();
+    assert_eq!(
+        std::str::from_utf8(&m.items).unwrap(),
+        concat!(
+            r#"[{ "description" : "say \"hi\"" , "name" : "p__t" , "x" : [ 1 , {"name":"in"} ] },"#,
+            r#"{"name":"p__u","k":1,"name":"p__u"},"#,
+            r#"{"name" : "v", "y":{ }}]"#
+        )
+    );
+    assert_eq!(
+        m.owners,
+        [("p__t".into(), 0), ("p__u".into(), 0), ("v".to_string(), 1)]
+    );
+}
+
+#[test]
 fn text_is_kept_byte_for_byte_except_the_name() {
     let members = vec![naming("a", "a"), naming("b", "")];
     // Numbers as written (no float rounding), member order kept, escapes in names decoded

@@ -510,7 +510,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     let [jsonrpc, id, method, params, result, error] = top.values;
     let [jsonrpc, method, params, result, error] =
         [jsonrpc, method, params, result, error].map(non_null);
-    let id_span = id.and_then(|raw| span(text, raw));
+    let id_span = id.and_then(|raw| raw.span_in(text));
     // A present but null id is kept as such, so that it is refused here.
     let id = match id {
         None => None,
@@ -609,19 +609,12 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
         env.has_progress_token = progress_token.is_some();
         env.client_info = client_info.map(|c| c.get().to_string());
         if let (Some(spans), Some((cut, first)), Some(value)) =
-            (&mut env.spans, meta_cut, span(text, meta))
+            (&mut env.spans, meta_cut, meta.span_in(text))
         {
             spans.meta = Some(MetaSpan { value, cut, first });
         }
     }
     Ok(env)
-}
-
-/// Where `raw`, a value read from `text`, lies in it.
-fn span(text: &str, raw: Raw<'_>) -> Option<Range<usize>> {
-    let start = (raw.get().as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
-    let end = start + raw.get().len();
-    (end <= text.len()).then_some(start..end)
 }
 
 impl Envelope {
