@@ -308,12 +308,16 @@ pub async fn answer(
     // Charged once here, so the fan-out does not charge per member.
     step::charge(core, ctx)?;
     let list_kind = ListKind::from_method(&env.method);
-    // The fan-out methods build their part requests from the raw `_meta`; only the routed
-    // ones (which rewrite the body) and the listen need the body as a tree.
-    let client: Value = if list_kind.is_some() || env.method == "server/discover" {
-        Value::Null
-    } else {
+    // The fan-out methods build their part requests from the raw `_meta`, a routed call
+    // rewrites the name where it lies in the text (`call`) and a read forwards the body as it
+    // came; only a completion (whose name is nested in `ref`) and the listen read it as a tree.
+    let client: Value = if matches!(
+        env.method.as_str(),
+        "completion/complete" | "subscriptions/listen"
+    ) {
         serde_json::from_slice(&body).map_err(|e| GatewayError::Parse(e.to_string()))?
+    } else {
+        Value::Null
     };
     let req = Req {
         core,
@@ -348,7 +352,7 @@ struct Req<'a> {
     ep: &'a Arc<Endpoint>,
     headers: &'a HeaderMap,
     env: &'a Envelope,
-    /// The client's body, parsed (`Null` for the fan-out methods, which need only `part_meta`).
+    /// The client's body, parsed for the methods that read it as a tree (`answer`), else `Null`.
     client: &'a Value,
     /// The client's `params._meta` as JSON text, for the part requests: cut from the body the
     /// first time a part is sent (a routed call needs it only when it must walk a list).
@@ -674,10 +678,26 @@ async fn call(
     if kind == ListKind::Tools && !m.naming.tool_allowed(&upstream) {
         return Err(unknown(name));
     }
-    let mut body = req.client.clone();
-    body["params"]["name"] = json!(upstream);
-    let body = Bytes::from(to_json(&body));
-    forward(req, ctx, i, body, deadline).await
+    // The name replaced where it lies, the rest copied as the client wrote it (the body was
+    // judged whole: `params.name` is its only name member). `forward` judges the new body again.
+    let text = &req.body[..];
+    let spans = req.env.spans.as_ref().filter(|s| s.len == text.len());
+    let (Some(before), Some(after)) = spans
+        .and_then(|s| s.name.clone())
+        .map_or((None, None), |at| {
+            (text.get(..at.start), text.get(at.end..))
+        })
+    else {
+        return Err(GatewayError::InvalidParams(format!(
+            "params.name of {} could not be read in place",
+            req.env.method
+        )));
+    };
+    let mut body = Vec::with_capacity(text.len() + upstream.len());
+    body.extend_from_slice(before);
+    write_str(&mut body, &upstream);
+    body.extend_from_slice(after);
+    forward(req, ctx, i, Bytes::from(body), deadline).await
 }
 
 /// Sends a (rewritten) client request to one member and returns its answer untouched.

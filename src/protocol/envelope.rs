@@ -48,16 +48,19 @@ pub struct Envelope {
     pub spans: Option<Spans>,
 }
 
-/// Where, in a request's body, the values the era bridge rewrites lie (byte offsets), so that
-/// it copies the rest as the client wrote it without reading the body again
-/// (`bridge::translate::Upward`). The levels they lie on were audited (no member repeats), so
-/// each is the only one of its name.
+/// Where, in a request's body, the values the era bridge and an aggregated endpoint rewrite lie
+/// (byte offsets), so that they copy the rest as the client wrote it without reading the body
+/// again (`bridge::translate::Upward`, `aggregate::call`). The levels they lie on were audited
+/// (no member repeats), so each is the only one of its name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Spans {
     /// The length of the body they were found in.
     pub len: usize,
     /// The `id` value.
     pub id: Option<Range<usize>>,
+    /// The selected name's value (`params.name`, `uri` or `taskId`, as `Envelope::name`), when
+    /// it is a string.
+    pub name: Option<Range<usize>>,
     /// `params._meta`, when it is an object.
     pub meta: Option<MetaSpan>,
 }
@@ -550,6 +553,7 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
     env.spans = one_pass.then_some(Spans {
         len: body.len(),
         id: id_span,
+        name: None,
         meta: None,
     });
     let Some(params) = params else {
@@ -582,6 +586,9 @@ pub fn parse_envelope(body: &[u8]) -> Result<Envelope, EnvelopeError> {
             _ => task_id,
         };
         env.name = raw.and_then(json_string);
+        if let (Some(spans), Some(_), Some(raw)) = (&mut env.spans, &env.name, raw) {
+            spans.name = raw.span_in(text);
+        }
     }
     env.cursor = cursor.map(|c| c.get().to_string());
     env.is_retry = input_responses.is_some() || request_state.is_some();

@@ -187,6 +187,31 @@ async fn calls_go_to_the_owner_with_the_prefix_stripped() {
     assert_eq!(r.status, 400);
     assert_eq!(r.code(), -32020);
     assert_eq!(a.count("tools/call") + b.count("tools/call"), 2);
+    // The member gets the client's bytes with only the name replaced: numbers, member order,
+    // escapes and whitespace as the client wrote them.
+    let body = concat!(
+        r#"{ "params" : { "arguments" : {"n": 1.50, "s": "\u00e9\"q\""} , "name" : "a__echo", "#,
+        r#""_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "#,
+        r#""io.modelcontextprotocol/clientCapabilities": {}} }, "method" : "tools/call", "id" : 10, "jsonrpc" : "2.0" }"#
+    );
+    let r = send(
+        "POST",
+        &url,
+        &modern_headers("tools/call", Some("a__echo")),
+        body,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let seen = a.seen();
+    let last = seen
+        .iter()
+        .rev()
+        .find(|s| s.body["method"] == "tools/call")
+        .unwrap();
+    assert_eq!(
+        std::str::from_utf8(&last.raw).unwrap(),
+        body.replace(r#""a__echo""#, r#""echo""#)
+    );
     gw.stop().await;
 }
 

@@ -76,6 +76,8 @@ pub struct Seen {
     pub method: Method,
     pub headers: HeaderMap,
     pub body: Value,
+    /// The body as it arrived.
+    pub raw: Bytes,
 }
 
 /// Shared state of a running mock.
@@ -516,6 +518,7 @@ async fn handle(state: Arc<MockState>, req: Request<Incoming>) -> Response<Body>
         method: parts.method.clone(),
         headers: parts.headers.clone(),
         body: body.clone(),
+        raw: bytes.clone(),
     });
     if let Some(m) = body.get("method").and_then(Value::as_str) {
         *state
