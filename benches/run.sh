@@ -9,6 +9,7 @@
 #   BASE_BIN=/path/to/old/portico TARGETS="direct nginx portico portico-base" benches/run.sh
 #   BASE_BIN=... TARGETS="portico-legacy portico-legacy-base" benches/run.sh   # the bridge, before/after
 #   BASE_BIN=... TARGETS="nginx-list portico-agg portico-agg-base" benches/run.sh   # aggregation, before/after
+#   BASE_BIN=... TARGETS="nginx portico-agg-call portico-agg-call-base" benches/run.sh   # a call routed by an endpoint
 #   BASE_BIN=... TARGETS="nginx portico-trace001 portico-trace001-base" benches/run.sh   # tracing, before/after
 #   BASE_BIN=... TARGETS="nginx portico-verify portico-verify-base" benches/run.sh   # verify_body = "always", before/after
 #   TARGETS="direct nginx-tls portico-tls nginx-h2 portico-h2" benches/run.sh   # TLS: wrk (h1), h2load (h2)
@@ -27,8 +28,8 @@ ROUNDS=${ROUNDS:-$_rounds}                 # measured rounds per (target, concur
 DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
-DEFAULT_TARGETS="direct direct-list nginx nginx-list portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-verify-base portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+DEFAULT_TARGETS="direct direct-list nginx nginx-list portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-agg-call portico-legacy direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-verify-base portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-agg-call portico-agg-call-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -67,7 +68,7 @@ declare -A T_SERVER=(
     [direct]=b1 [direct-list]=b1 [nginx]=nginx [nginx-list]=nginx
     [portico]=pass [portico-base]=base [portico-trace1]=trace1 [portico-trace001]=trace001 [portico-trace001-base]=trace001base [portico-list]=pass [portico-verify]=verify [portico-verify-base]=verifybase [portico-cache]=cache
     [portico-redis]=redis
-    [portico-agg]=agg [portico-agg-cache]=aggc [portico-agg-base]=aggbase [portico-legacy]=legacy [portico-legacy-base]=legacybase
+    [portico-agg]=agg [portico-agg-cache]=aggc [portico-agg-base]=aggbase [portico-agg-call]=agg [portico-agg-call-base]=aggbase [portico-legacy]=legacy [portico-legacy-base]=legacybase
     [direct-py]=py [portico-py-cache]=pycache
     [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
     [nginx-log]=nginxl [portico-log]=passlog
@@ -78,6 +79,7 @@ declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
     [portico]=tools/call [portico-base]=tools/call [portico-trace1]=tools/call [portico-trace001]=tools/call [portico-trace001-base]=tools/call [portico-list]=tools/list [portico-verify]=tools/call [portico-verify-base]=tools/call
     [portico-cache]=tools/list [portico-redis]=tools/list [portico-agg]=tools/list [portico-agg-cache]=tools/list [portico-agg-base]=tools/list
+    [portico-agg-call]=tools/call [portico-agg-call-base]=tools/call
     [portico-legacy]=tools/call [portico-legacy-base]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
     [nginx-log]=tools/call [portico-log]=tools/call
@@ -88,6 +90,7 @@ declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
     [portico]=/mcp/bench [portico-base]=/mcp/bench [portico-trace1]=/mcp/bench [portico-trace001]=/mcp/bench [portico-trace001-base]=/mcp/bench [portico-list]=/mcp/bench [portico-verify]=/mcp/bench [portico-verify-base]=/mcp/bench
     [portico-cache]=/mcp/bench [portico-redis]=/mcp/bench [portico-agg]=/mcp [portico-agg-cache]=/mcp [portico-agg-base]=/mcp
+    [portico-agg-call]=/mcp [portico-agg-call-base]=/mcp
     [portico-legacy]=/mcp/legacy [portico-legacy-base]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
     [nginx-log]=/mcp [portico-log]=/mcp/bench
@@ -97,13 +100,17 @@ declare -A T_PATH=(
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
     [direct]=b1 [direct-list]=b1 [nginx]=b1 [nginx-list]=b1 [portico]=b1 [portico-base]=b1 [portico-trace1]=b1 [portico-trace001]=b1 [portico-trace001-base]=b1 [portico-list]=b1
-    [portico-verify]=b1 [portico-verify-base]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-agg-base]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
+    [portico-verify]=b1 [portico-verify-base]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-agg-base]=b2 [portico-agg-call]=b2 [portico-agg-call-base]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
     [direct-py]=py [portico-py-cache]=py
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
     [nginx-log]=b1 [portico-log]=b1
     [direct-py-call]=py [nginx-py-call]=py [portico-py-call]=py
     [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1
 )
+# The tool a tools/call target calls: `echo` unless named here (an endpoint exposes each member's
+# tools under its prefix; the call is routed to b2, which must see it).
+declare -A T_TOOL=([portico-agg-call]=b2__echo [portico-agg-call-base]=b2__echo)
+tool_of() { echo "${T_TOOL[$1]:-echo}"; }
 # Every portico instance the script can start (one process per configuration).
 INSTANCES="pass base trace1 trace001 trace001base verify verifybase cache redis agg aggc aggbase legacy legacybase passh passp passlog tls h2 pycache"
 for t in $TARGETS; do
@@ -371,10 +378,10 @@ nginx_rss() { # sum over the nginx worker processes
 }
 
 # ---------------------------------------------------------------- probes
-mcp_body() { # the exact body benches/mcp.lua sends
+mcp_body() { # METHOD [TOOL]: the exact body benches/mcp.lua sends
     local meta='"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}'
     if [[ $1 == tools/call ]]; then
-        printf '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"},%s}}' "$meta"
+        printf '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"%s","arguments":{"text":"hello"},%s}}' "${2:-echo}" "$meta"
     else
         printf '{"jsonrpc":"2.0","id":1,"method":"%s","params":{%s}}' "$1" "$meta"
     fi
@@ -388,12 +395,13 @@ backend_count() { # SERVER METHOD -> how many METHOD requests that bench backend
 
 PROBE_REASON=
 PROBE_TOOLS=0
-# probe URL METHOD [PROTO]: one request like wrk's; 0 if it is an HTTP 200 carrying a JSON-RPC
-# result. PROTO tls: HTTP/1.1 over TLS (verified against the run's certificate); h2: h2 by ALPN.
+# probe URL METHOD [PROTO] [TOOL]: one request like wrk's; 0 if it is an HTTP 200 carrying a
+# JSON-RPC result. PROTO tls: HTTP/1.1 over TLS (verified against the run's certificate); h2: h2
+# by ALPN. TOOL: the tool a tools/call calls (echo).
 probe() {
-    local url=$1 method=$2 proto=${3:-http} code ctype json msg out version want=
+    local url=$1 method=$2 proto=${3:-http} tool=${4:-echo} code ctype json msg out version want=
     local extra=()
-    [[ $method == tools/call ]] && extra=(-H 'Mcp-Name: echo')
+    [[ $method == tools/call ]] && extra=(-H "Mcp-Name: $tool")
     case $proto in
     tls) extra+=(--cacert "$TLS_CERT" --http1.1); want=1.1 ;;
     h2) extra+=(--cacert "$TLS_CERT" --http2); want=2 ;;
@@ -401,7 +409,7 @@ probe() {
     out=$(curl -sS -m 5 -o "$TMP/probe.body" -D "$TMP/probe.head" -w '%{http_code} %{http_version}' \
         -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
         -H 'MCP-Protocol-Version: 2026-07-28' -H "Mcp-Method: $method" "${extra[@]}" \
-        --data-binary "$(mcp_body "$method")" "$url" 2>"$TMP/probe.err")
+        --data-binary "$(mcp_body "$method" "$tool")" "$url" 2>"$TMP/probe.err")
     read -r code version <<<"$out"
     if [[ -z $code || $code == 000 ]]; then
         PROBE_REASON="request failed: $(last_err "$TMP/probe.err")"; return 1
@@ -504,12 +512,12 @@ check_target() { # TARGET: probes it; on failure records NA[TARGET]
         return 0
     fi
     before=$(backend_count "$be" "$m")
-    probe "$(target_url "$t")" "$m" "$(proto_of "$t")" || { NA[$t]=$PROBE_REASON; return 1; }
+    probe "$(target_url "$t")" "$m" "$(proto_of "$t")" "$(tool_of "$t")" || { NA[$t]=$PROBE_REASON; return 1; }
     after=$(backend_count "$be" "$m")
     if ((after <= before)) && [[ $t != portico-agg || $AGG_CACHE != 1 ]]; then
         NA[$t]="answered, but the request never reached backend $be"; return 1
     fi
-    if [[ $t == portico-agg* ]] && ((PROBE_TOOLS != 3 * BASE_TOOLS)); then
+    if [[ $t == portico-agg* && $m == tools/list ]] && ((PROBE_TOOLS != 3 * BASE_TOOLS)); then
         NA[$t]="aggregated list has $PROBE_TOOLS tools, want 3 x $BASE_TOOLS"; return 1
     fi
     if [[ $(proto_of "$t") != http ]]; then
@@ -671,7 +679,7 @@ run_wrk() { # TARGET C SECONDS [latency] -> BENCHJSON on stdout
             pin_loadgen "$BENCHES/h2load.sh" "$(target_url "$t")" "$c" "$th" "$d" ${4:+latency} 2>&1
         return
     fi
-    MCP_METHOD=${T_METHOD[$t]} pin_loadgen wrk -t "$th" -c "$c" -d "${d}s" --timeout "$WRK_TIMEOUT" \
+    MCP_METHOD=${T_METHOD[$t]} MCP_TOOL=$(tool_of "$t") pin_loadgen wrk -t "$th" -c "$c" -d "${d}s" --timeout "$WRK_TIMEOUT" \
         ${4:+--latency} -s "$BENCHES/mcp.lua" "$(target_url "$t")" 2>&1
 }
 server_alive() { # TARGET: its server process still runs
@@ -793,9 +801,9 @@ inst_desc() {
     verifybase) echo "portico-verify-base (verify_body = always, BASE_BIN)" ;;
     cache) echo "portico-cache ([cache] enabled)" ;;
     redis) echo "portico-redis ([cache] redis_url, local = false)" ;;
-    agg) echo "portico-agg (3 backends, one endpoint)" ;;
+    agg) echo "portico-agg (3 backends, one endpoint; targets portico-agg, portico-agg-call)" ;;
     aggc) echo "portico-agg-cache (3 backends, one endpoint, [cache] enabled)" ;;
-    aggbase) echo "portico-agg-base (3 backends, one endpoint, BASE_BIN)" ;;
+    aggbase) echo "portico-agg-base (3 backends, one endpoint, BASE_BIN; portico-agg-base, portico-agg-call-base)" ;;
     legacy) echo "portico-legacy (legacy backend)" ;;
     legacybase) echo "portico-legacy-base (legacy backend, BASE_BIN)" ;;
     pycache) echo "portico-py-cache ([cache] enabled, Python SDK backend)" ;;
