@@ -636,6 +636,20 @@ pub fn write_key(out: &mut Vec<u8>, key: &Key<'_>) {
     }
 }
 
+/// `text` with the value at `at` (a span of it, e.g. [`Raw::span_in`]) replaced by the JSON
+/// string `s`, appended to `out`: a rewritten member costs no reading of the rest. `false`, and
+/// nothing written, when `at` is not within `text`.
+#[inline]
+pub fn write_replaced(out: &mut Vec<u8>, text: &[u8], at: std::ops::Range<usize>, s: &str) -> bool {
+    let (Some(before), Some(after)) = (text.get(..at.start), text.get(at.end..)) else {
+        return false;
+    };
+    out.extend_from_slice(before);
+    write_str(out, s);
+    out.extend_from_slice(after);
+    true
+}
+
 /// A JSON string, escaped as serde_json escapes, written straight into `out`.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
     // Most strings written here are member names that need no escape: copied as they are

@@ -190,8 +190,7 @@ async fn open(
     }
     let mut params = Map::new();
     params.insert("notifications".into(), filter);
-    let body = req.part_body("subscriptions/listen", &params);
-    let env = protocol::parse_envelope(&body).map_err(crate::frontend::envelope_error)?;
+    let (body, env) = req.judged_part("subscriptions/listen", &params)?;
     let headers = part_headers(req.headers);
     let mut ctx = req.ctx.clone();
     let exposure = req.ep.exposure(member);

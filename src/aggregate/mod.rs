@@ -48,7 +48,7 @@ use crate::body::{Body, render};
 use crate::config::{EndpointBackend, EndpointConfig, FailureMode};
 use crate::error::GatewayError;
 use crate::frontend::{self, Head};
-use crate::jsonrpc::{Members, parse_members, write_str};
+use crate::jsonrpc::{Members, parse_members, write_replaced, write_str};
 use crate::merge::{self, ListKind, Naming};
 use crate::protocol::{self, Envelope, Kind, SUPPORTED_VERSIONS, code, header as h, meta};
 use crate::step::{self, Core, Exposure, RequestCtx};
@@ -436,6 +436,13 @@ impl Req<'_> {
         out.extend_from_slice(b"}}");
         Bytes::from(out)
     }
+
+    /// [`Req::part_body`] and the envelope read from it: what the step judges and forwards.
+    fn judged_part(&self, method: &str, params: &Map<String, Value>) -> Judged {
+        let body = self.part_body(method, params);
+        let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
+        Ok((body, env))
+    }
 }
 
 /// The client's headers minus the mirrors of the client's message: the step sets the mirrors
@@ -514,10 +521,7 @@ async fn fan_out(
         let k = match bodies.iter().position(|(p, _)| *p == params) {
             Some(k) => k,
             None => {
-                let body = req.part_body(method, &params);
-                let judged = protocol::parse_envelope(&body)
-                    .map(|env| (body, env))
-                    .map_err(frontend::envelope_error);
+                let judged = req.judged_part(method, &params);
                 bodies.push((params, judged));
                 bodies.len() - 1
             }
@@ -681,22 +685,17 @@ async fn call(
     // The name replaced where it lies, the rest copied as the client wrote it (the body was
     // judged whole: `params.name` is its only name member). `forward` judges the new body again.
     let text = &req.body[..];
-    let spans = req.env.spans.as_ref().filter(|s| s.len == text.len());
-    let (Some(before), Some(after)) = spans
+    let at = req.env.spans.as_ref().filter(|s| s.len == text.len());
+    let mut body = Vec::with_capacity(text.len() + upstream.len());
+    if !at
         .and_then(|s| s.name.clone())
-        .map_or((None, None), |at| {
-            (text.get(..at.start), text.get(at.end..))
-        })
-    else {
+        .is_some_and(|at| write_replaced(&mut body, text, at, &upstream))
+    {
         return Err(GatewayError::InvalidParams(format!(
             "params.name of {} could not be read in place",
             req.env.method
         )));
-    };
-    let mut body = Vec::with_capacity(text.len() + upstream.len());
-    body.extend_from_slice(before);
-    write_str(&mut body, &upstream);
-    body.extend_from_slice(after);
+    }
     forward(req, ctx, i, Bytes::from(body), deadline).await
 }
 

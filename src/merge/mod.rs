@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::config::ToolFilter;
-use crate::jsonrpc::{Members, Raw, parse_members, write_key, write_str};
+use crate::jsonrpc::{Members, Raw, parse_members, write_key, write_replaced, write_str};
 
 /// How one member's names appear on the endpoint.
 #[derive(Debug, Clone)]
@@ -616,10 +616,9 @@ fn write_item(out: &mut Vec<u8>, item: &Item<'_>, key: &str, rename: Option<&Str
         return;
     };
     let text = item.text;
-    if let (1, Some(at)) = (item.keys, item.key.and_then(|k| k.span_in(text))) {
-        out.extend_from_slice(&text.as_bytes()[..at.start]);
-        write_str(out, name);
-        out.extend_from_slice(&text.as_bytes()[at.end..]);
+    if let (1, Some(at)) = (item.keys, item.key.and_then(|k| k.span_in(text)))
+        && write_replaced(out, text.as_bytes(), at, name)
+    {
         return;
     }
     // The key given more than once (rare): every one rewritten, member by member.
