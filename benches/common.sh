@@ -43,10 +43,31 @@ wait_port() { # PORT PID [SECONDS]: until PORT accepts connections; fails if PID
     return 1
 }
 
+# The guest's idle polling (cpuidle-haltpoll): how long an idle vCPU polls for work before it
+# halts. With 0 (this VM image boots with `haltpoll.guest_halt_poll_ns=0`) every idle vCPU halts
+# at once, and waking it again costs tens of µs, which dominates a c=1 round trip (README
+# "Latency at c = 1"). HALT_POLL_NS=<ns> sets it for the run (the kernel's own default is
+# 200000) and the EXIT trap puts the host's value back; unset, the host is left as it is.
+HALT_POLL_FILE=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+HALT_POLL_WAS=
+halt_poll_now() { cat "$HALT_POLL_FILE" 2>/dev/null || echo "n/a (no cpuidle-haltpoll)"; }
+halt_poll_apply() {
+    [[ -z ${HALT_POLL_NS:-} ]] && return 0
+    [[ $HALT_POLL_NS =~ ^[0-9]+$ ]] || die "HALT_POLL_NS must be a number of nanoseconds"
+    [[ -w $HALT_POLL_FILE ]] || die "HALT_POLL_NS: $HALT_POLL_FILE is not writable here"
+    HALT_POLL_WAS=$(cat "$HALT_POLL_FILE")
+    echo "$HALT_POLL_NS" >"$HALT_POLL_FILE" || die "HALT_POLL_NS: could not write $HALT_POLL_FILE"
+}
+halt_poll_restore() {
+    [[ -n $HALT_POLL_WAS ]] && echo "$HALT_POLL_WAS" >"$HALT_POLL_FILE" 2>/dev/null
+    HALT_POLL_WAS=
+    return 0
+}
+
 status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
 
-# The EXIT trap of both scripts: stops everything in ALL_PIDS (TERM, then KILL after 5 s), removes
-# $TMP unless KEEP_TMP=1, and exits with the script's status. A script that must stop something
+# The EXIT trap of both scripts: stops everything in ALL_PIDS (TERM, then KILL after 5 s), puts
+# the host's halt polling back (HALT_POLL_NS), removes $TMP unless KEEP_TMP=1, and exits with the script's status. A script that must stop something
 # its own way first (nginx's graceful quit) defines before_cleanup.
 cleanup() {
     local rc=$? pid any
@@ -62,6 +83,7 @@ cleanup() {
     done
     for pid in "${ALL_PIDS[@]}"; do alive "$pid" && kill -KILL "$pid" 2>/dev/null; done
     wait 2>/dev/null
+    halt_poll_restore
     if [[ $KEEP_TMP == 1 ]]; then say "kept configs and logs in $TMP"; else rm -rf "$TMP"; fi
     exit "$rc"
 }

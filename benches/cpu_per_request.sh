@@ -6,6 +6,7 @@
 #
 #   C=1 benches/cpu_per_request.sh     # the c=1 wake-up cost (README, "Latency at c = 1")
 #   C=16 D=10 benches/cpu_per_request.sh
+#   C=1 HALT_POLL_NS=200000 benches/cpu_per_request.sh   # with the guest's idle polling on
 #   C=16 SYSCALLS=1 benches/cpu_per_request.sh   # + where the time goes (README, "Where a proxy's
 #                                                # time goes on this host")
 #
@@ -37,15 +38,22 @@ if [[ $SYSCALLS == 1 ]]; then
     done
 fi
 
+die() { echo "cpu_per_request.sh: $*" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+source "$ROOT/benches/common.sh" # halt_poll_*: HALT_POLL_NS, as in run.sh
+
 TMP=$(mktemp -d)
 chmod 755 "$TMP" # nginx workers (user nobody) reach their temp dirs
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    halt_poll_restore
     rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
+halt_poll_apply
+echo "guest_halt_poll_ns: $(halt_poll_now)"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() {

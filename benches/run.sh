@@ -40,6 +40,7 @@ LOADGEN_CPUS=${LOADGEN_CPUS:-1}            # wrk runs here
 LOADGEN_THREADS=${LOADGEN_THREADS:-}       # wrk -t (default: number of LOADGEN_CPUS; never > c)
 ACCESS_LOG=${ACCESS_LOG:-0}                # 1: portico [log] access = true (to a file)
 AGG_CACHE=${AGG_CACHE:-0}                  # 1: [cache] enabled in portico-agg too (portico-agg-cache always has it)
+HALT_POLL_NS=${HALT_POLL_NS:-}             # guest_halt_poll_ns for the run (e.g. 200000); unset: the host's (common.sh)
 WRK_TIMEOUT=${WRK_TIMEOUT:-2s}             # wrk --timeout: slower answers count as errors
 BUSY_MARK=${BUSY_MARK:-10}                 # flag measurements where other processes used >= this % of a CPU
 BUSY_RETRIES=${BUSY_RETRIES:-1}            # repeat such a measurement up to this many times...
@@ -170,6 +171,7 @@ NGINX_MASTER=
 
 before_cleanup() { [[ -n $NGINX_MASTER ]] && kill -QUIT "$NGINX_MASTER" 2>/dev/null; }
 install_cleanup
+halt_poll_apply
 
 pin_loadgen() { if [[ $PIN == 1 ]]; then taskset -c "$LOADGEN_CPUS" "$@"; else "$@"; fi; }
 
@@ -648,6 +650,7 @@ fi
     echo "- host: $(uname -r), $cpu_model, $NCPU CPU(s); before the run, other processes used ${PRE_LOAD}% of a CPU$( ((PRE_LOAD >= BUSY_MARK)) && echo " (**busy machine: expect noise**)")"
     echo "- tools: $nginx_ver, wrk $wrk_ver, $("$PORTICO_BIN" --version 2>/dev/null)$(wants_proto h2 && echo ", $(h2load --version 2>/dev/null | head -n 1)")$( ((WANTS_TLS)) && echo ", $(openssl version 2>/dev/null | awk '{print $1, $2}')")"
     echo "- layout: $layout"
+    echo "- guest halt polling (\`guest_halt_poll_ns\`): $(halt_poll_now)$([[ -n ${HALT_POLL_NS:-} ]] && echo " for this run (\`HALT_POLL_NS\`; the host's value, $HALT_POLL_WAS, restored after)" || echo " (the host's own setting)")"
     echo "- threads: portico \`workers = $WORKERS\`, nginx \`worker_processes $WORKERS\`, backend $BACKEND_WORKERS ($([[ $BACKEND_WORKERS -le 1 ]] && echo current_thread || echo multi_thread) runtime)"
     echo "- load: $ROUNDS round(s) x ${DURATION} s per target and concurrency, each after ${WARMUP} s of warm-up; rounds interleaved (round → concurrency → target); median of rounds; wrk --timeout $WRK_TIMEOUT"
     if [[ $ACCESS_LOG == 1 ]]; then
