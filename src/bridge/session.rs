@@ -412,7 +412,7 @@ pub(super) async fn initialize(
         (Upstream::Http(up), _) => {
             let req = up.request(
                 &HeaderMap::new(),
-                &base_headers(),
+                &base_headers(0),
                 initialize_body(&id, owner),
             );
             let reply = up
@@ -462,7 +462,7 @@ pub(super) async fn initialize(
     // notifications/initialized: the server must see it before anything else.
     match (b.transport(), stdio) {
         (Upstream::Http(up), _) => {
-            let mut extra = base_headers();
+            let mut extra = base_headers(2);
             extra.push((h::names::PROTOCOL_VERSION, version.clone()));
             if let Some(sid) = &session_id {
                 extra.push((h::names::SESSION_ID, sid.clone()));

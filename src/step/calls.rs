@@ -11,6 +11,7 @@
 //! Per replica: a cancel that lands on another replica than its request finds nothing (README
 //! "Scale-out").
 
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,8 +24,10 @@ type Key = (OwnerKey, RequestId);
 /// foldhash, seeded per process: every bridged call registers and leaves (SipHash cost ~1k
 /// instructions a call, callgrind). The map holds only calls in flight, which admission bounds.
 type Map = HashMap<Key, Waiting, foldhash::fast::RandomState>;
-/// The calls of one key: (registration token, the trigger of its cancellation).
-type Waiting = Vec<(u64, oneshot::Sender<()>)>;
+/// The calls of one key: (registration token, the trigger of its cancellation). Almost always
+/// one (a client reuses an id only after its call ended), so it is kept inline: a `Vec` was an
+/// allocation and a free on every bridged call.
+type Waiting = SmallVec<[(u64, oneshot::Sender<()>); 1]>;
 
 /// The registry of one config generation.
 #[derive(Default)]
@@ -97,7 +100,7 @@ impl Calls {
 
     /// Calls registered now.
     pub fn len(&self) -> usize {
-        self.lock().values().map(Vec::len).sum()
+        self.lock().values().map(|list| list.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -8,6 +8,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value, json};
+use smallvec::SmallVec;
 use std::ops::Range;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -333,7 +334,9 @@ pub(super) enum Translated {
 /// lie (the last result; a repeated one is read again when written), and what makes it a
 /// response (`protocol::ResponseMembers`, as the upstream's answer check counts them).
 struct LegacyMessage<'a> {
-    top: Vec<(Key<'a>, Raw<'a>)>,
+    /// A response has three members (`jsonrpc`, `id`, `result` or `error`; rarely more): kept
+    /// inline, as the message is read and dropped within one call.
+    top: SmallVec<[(Key<'a>, Raw<'a>); 4]>,
     result: Option<(Raw<'a>, Vec<(Key<'a>, Raw<'a>)>)>,
     members: ResponseMembers,
     len: usize,
@@ -343,7 +346,7 @@ impl<'a> LegacyMessage<'a> {
     /// `None` when `msg` is not one JSON object.
     fn read(msg: &'a [u8]) -> Option<LegacyMessage<'a>> {
         let text = std::str::from_utf8(msg).ok()?;
-        let mut top = Vec::with_capacity(4);
+        let mut top = SmallVec::new();
         let mut result: Option<(Raw, Vec<(Key, Raw)>)> = None;
         let mut members = ResponseMembers::default();
         scan_members(text, |name, at| {
