@@ -89,10 +89,9 @@ fn hv(s: &'static str) -> HeaderValue {
     HeaderValue::from_static(s)
 }
 
-/// Headers every message portico originates carries.
-/// The headers of every message the bridge sends, with room for `more` (sized up front: a
-/// bridged call adds the version, the session and the team's, and growing the list cost a
-/// reallocation on every call, callgrind).
+/// Headers every message portico originates carries, with room for `more` (sized up front: a
+/// bridged call adds the version, the session, trace context and the team's, and growing the
+/// list cost a reallocation on every call, callgrind).
 fn base_headers(more: usize) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = Vec::with_capacity(2 + more);
     headers.push((http::header::CONTENT_TYPE, hv("application/json")));
