@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Exact on-CPU time per request of the backend, nginx and portico (pass-through, `workers = 1`)
-# at one concurrency, from each process's /proc/<pid>/schedstat (nanoseconds run; not the
+# Exact on-CPU time per request of the backend, nginx and portico (pass-through, `workers = 1`;
+# target `bridge`: portico's era bridge to the same backend in its `--legacy` mode) at one
+# concurrency, from each process's /proc/<pid>/schedstat (nanoseconds run; not the
 # 10 ms-tick sampling of /proc/<pid>/stat, which misattributes short runs). The layout is
 # benches/run.sh's: backend, nginx and portico on SERVER_CPUS, wrk on LOADGEN_CPUS.
 #
@@ -9,6 +10,7 @@
 #   C=1 HALT_POLL_NS=200000 benches/cpu_per_request.sh   # with the guest's idle polling on
 #   C=16 SYSCALLS=1 benches/cpu_per_request.sh   # + where the time goes (README, "Where a proxy's
 #                                                # time goes on this host")
+#   TARGETS="portico bridge" C=16 benches/cpu_per_request.sh   # some of: direct nginx portico bridge
 #
 # Prints one line per target: req/s, p50, p99, and µs of CPU per request for the proxy and for
 # the backend. SYSCALLS=1 adds, per request: the proxy's user and kernel µs (/proc/<pid>/stat
@@ -67,6 +69,12 @@ BP=$!
 PIDS+=("$BP")
 for _ in $(seq 50); do grep -q LISTENING "$TMP/b.out" && break; sleep 0.1; done
 BPORT=$(awk '/LISTENING/ {print $2}' "$TMP/b.out")
+# The same backend in its initialize-era mode, for the `bridge` target (portico's era bridge).
+taskset -c "$SERVER_CPUS" "$BACKEND" --legacy --name bl >"$TMP/bl.out" 2>"$TMP/bl.err" &
+BLP=$!
+PIDS+=("$BLP")
+for _ in $(seq 50); do grep -q LISTENING "$TMP/bl.out" && break; sleep 0.1; done
+BLPORT=$(awk '/LISTENING/ {print $2}' "$TMP/bl.out")
 NPORT=$(free_port)
 PPORT=$(free_port)
 
@@ -110,6 +118,10 @@ enabled = false
 name = "b1"
 url = "http://127.0.0.1:$BPORT/mcp"
 protocol = "modern"
+[[backends]]
+name = "bl"
+url = "http://127.0.0.1:$BLPORT/mcp"
+protocol = "legacy"
 EOF
 taskset -c "$SERVER_CPUS" "$BIN" --config "$TMP/p.toml" >"$TMP/p.out" 2>"$TMP/p.err" &
 PP=$!
@@ -124,25 +136,28 @@ ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # utime, stime
 EVENTS=raw_syscalls:sys_enter,syscalls:sys_enter_recvfrom,syscalls:sys_enter_sendto
 EVENTS+=,syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,context-switches
 field() { grep -o "\"$1\":[0-9]*" "$TMP/w.out" | cut -d: -f2; }
-for target in direct nginx portico; do
+for target in ${TARGETS:-direct nginx portico bridge}; do
+    backend=$BP
     case $target in
         direct) url=http://127.0.0.1:$BPORT/mcp proxy= ;;
         nginx) url=http://127.0.0.1:$NPORT/mcp proxy=$NW ;;
         portico) url=http://127.0.0.1:$PPORT/mcp/b1 proxy=$PP ;;
+        bridge) url=http://127.0.0.1:$PPORT/mcp/bl proxy=$PP backend=$BLP ;;
+        *) die "unknown target $target (direct, nginx, portico, bridge)" ;;
     esac
     taskset -c "$LOADGEN_CPUS" wrk -t1 -c"$C" -d1s -s "$ROOT/benches/mcp.lua" "$url" >/dev/null
-    b0=$(ns "$BP")
+    b0=$(ns "$backend")
     p0=0
     [[ -n $proxy ]] && p0=$(ns "$proxy")
     if [[ $SYSCALLS == 1 ]]; then
-        watched=${proxy:-$BP}
+        watched=${proxy:-$backend}
         read -r u0 s0 < <(ticks "$watched")
         nstat -n >/dev/null
         perf stat -x, -e "$EVENTS" -p "$watched" -o "$TMP/perf.out" -- sleep "$D" &
         PERF=$!
     fi
     taskset -c "$LOADGEN_CPUS" wrk -t1 -c"$C" -d"${D}s" -s "$ROOT/benches/mcp.lua" "$url" >"$TMP/w.out"
-    b1=$(ns "$BP")
+    b1=$(ns "$backend")
     p1=0
     [[ -n $proxy ]] && p1=$(ns "$proxy")
     n=$(field requests)
