@@ -66,9 +66,10 @@ halt_poll_restore() {
 
 status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status" 2>/dev/null; }
 
-# The EXIT trap of both scripts: stops everything in ALL_PIDS (TERM, then KILL after 5 s), puts
-# the host's halt polling back (HALT_POLL_NS), removes $TMP unless KEEP_TMP=1, and exits with the script's status. A script that must stop something
-# its own way first (nginx's graceful quit) defines before_cleanup.
+# The EXIT trap of run.sh and scale.sh: stops everything in ALL_PIDS (TERM, then KILL after 5 s),
+# puts the host's halt polling back (HALT_POLL_NS), removes $TMP unless KEEP_TMP=1, and exits
+# with the script's status. A script that must stop something its own way first (nginx's
+# graceful quit) defines before_cleanup.
 cleanup() {
     local rc=$? pid any
     trap - EXIT INT TERM

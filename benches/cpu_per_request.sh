@@ -42,41 +42,42 @@ fi
 
 die() { echo "cpu_per_request.sh: $*" >&2; exit 1; }
 # shellcheck source=benches/common.sh
-source "$ROOT/benches/common.sh" # halt_poll_*: HALT_POLL_NS, as in run.sh
+source "$ROOT/benches/common.sh" # pick_port, wait_port, halt_poll_* (HALT_POLL_NS, as in run.sh)
 
 TMP=$(mktemp -d)
 chmod 755 "$TMP" # nginx workers (user nobody) reach their temp dirs
 PIDS=()
-cleanup() {
+# Its own trap, not common.sh's `cleanup` (run.sh's process table): a plain list of PIDs here.
+stop_all() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     halt_poll_restore
     rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
+trap stop_all EXIT INT TERM
 halt_poll_apply
 echo "guest_halt_poll_ns: $(halt_poll_now)"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-    for _ in $(seq 100); do (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done
-    echo "nothing listens on $1" >&2
-    exit 1
+# start_backend NAME ARGS...: the bench backend on SERVER_CPUS; sets STARTED_PID, STARTED_PORT.
+start_backend() {
+    local name=$1
+    shift
+    taskset -c "$SERVER_CPUS" "$BACKEND" --name "$name" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    STARTED_PID=$!
+    PIDS+=("$STARTED_PID")
+    for _ in $(seq 50); do grep -q LISTENING "$TMP/$name.out" && break; sleep 0.1; done
+    STARTED_PORT=$(awk '/LISTENING/ {print $2}' "$TMP/$name.out")
+    [[ -n $STARTED_PORT ]] || die "backend $name did not start"
 }
-
-taskset -c "$SERVER_CPUS" "$BACKEND" --name b1 >"$TMP/b.out" 2>"$TMP/b.err" &
-BP=$!
-PIDS+=("$BP")
-for _ in $(seq 50); do grep -q LISTENING "$TMP/b.out" && break; sleep 0.1; done
-BPORT=$(awk '/LISTENING/ {print $2}' "$TMP/b.out")
+start_backend b1
+BP=$STARTED_PID BPORT=$STARTED_PORT
 # The same backend in its initialize-era mode, for the `bridge` target (portico's era bridge).
-taskset -c "$SERVER_CPUS" "$BACKEND" --legacy --name bl >"$TMP/bl.out" 2>"$TMP/bl.err" &
-BLP=$!
-PIDS+=("$BLP")
-for _ in $(seq 50); do grep -q LISTENING "$TMP/bl.out" && break; sleep 0.1; done
-BLPORT=$(awk '/LISTENING/ {print $2}' "$TMP/bl.out")
-NPORT=$(free_port)
-PPORT=$(free_port)
+start_backend bl --legacy
+BLP=$STARTED_PID BLPORT=$STARTED_PORT
+pick_port
+NPORT=$FREE_PORT
+pick_port
+PPORT=$FREE_PORT
 
 mkdir -p "$TMP/n"
 cat >"$TMP/n/nginx.conf" <<EOF
@@ -126,8 +127,8 @@ EOF
 taskset -c "$SERVER_CPUS" "$BIN" --config "$TMP/p.toml" >"$TMP/p.out" 2>"$TMP/p.err" &
 PP=$!
 PIDS+=("$PP")
-wait_port "$NPORT"
-wait_port "$PPORT"
+wait_port "$NPORT" "$NP" || die "nginx does not listen on $NPORT"
+wait_port "$PPORT" "$PP" || die "portico does not listen on $PPORT (see $TMP/p.err)"
 sleep 0.3
 NW=$(pgrep -P "$NP" | head -1)
 
