@@ -20,7 +20,7 @@
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, Method};
+use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -276,17 +276,7 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
         Ok(s) => s,
         Err(e) => return Ended::Failed(e.to_string()),
     };
-    let mut extra = vec![(h::names::PROTOCOL_VERSION, session.version.clone())];
-    if let Some(id) = &session.id {
-        extra.push((h::names::SESSION_ID, id.clone()));
-    }
-    let mut req = up.request(&HeaderMap::new(), &extra, Bytes::new());
-    *req.method_mut() = Method::GET;
-    req.headers_mut().insert(
-        http::header::ACCEPT,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    req.headers_mut().remove(http::header::CONTENT_TYPE);
+    let req = bridge::stream_request(up, &session);
     let reply = match up.call(req, deadline).await {
         Ok(r) => r,
         Err(e) => return Ended::Failed(e.to_string()),

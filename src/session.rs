@@ -158,39 +158,22 @@ impl Sessions {
 
     /// Seals session data into an id (visible ASCII, as the spec requires).
     pub fn mint(&self, data: &SessionData) -> String {
-        let mut nonce = [0u8; NONCE_LEN];
-        if self.rng.fill(&mut nonce).is_err() {
-            let t = now_ms().to_le_bytes();
-            nonce[..8].copy_from_slice(&t);
+        let sealed = seal(
+            &self.key,
+            &self.rng,
+            AAD,
+            serde_json::to_vec(data).unwrap_or_default(),
+        );
+        if sealed.is_empty() {
+            return sealed;
         }
-        let mut buf = serde_json::to_vec(data).unwrap_or_default();
-        if self
-            .key
-            .seal_in_place_append_tag(
-                Nonce::assume_unique_for_key(nonce),
-                Aad::from(AAD),
-                &mut buf,
-            )
-            .is_err()
-        {
-            return String::new();
-        }
-        let mut out = Vec::with_capacity(NONCE_LEN + buf.len());
-        out.extend_from_slice(&nonce);
-        out.extend_from_slice(&buf);
-        format!(
-            "{PREFIX}{}",
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(out)
-        )
+        format!("{PREFIX}{sealed}")
     }
 
     /// New session data for a client that just initialized on `path` (anonymous; set `pr` for
     /// an authenticated caller).
     pub fn data(&self, version: &str, caps: Value, info: Option<Value>, path: &str) -> SessionData {
-        let mut nonce = [0u8; 16];
-        if self.rng.fill(&mut nonce).is_err() {
-            nonce[..8].copy_from_slice(&now_ms().to_le_bytes());
-        }
+        let nonce = random::<16>(&self.rng);
         SessionData {
             v: version.to_string(),
             caps,
@@ -233,20 +216,8 @@ impl Sessions {
         principal: Option<&str>,
         now: u64,
     ) -> Option<SessionData> {
-        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(id.strip_prefix(PREFIX)?)
-            .ok()?;
-        if raw.len() < NONCE_LEN {
-            return None;
-        }
-        let (nonce, sealed) = raw.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
-        let mut sealed = sealed.to_vec();
-        let plain = self
-            .key
-            .open_in_place(nonce, Aad::from(AAD), &mut sealed)
-            .ok()?;
-        let data: SessionData = serde_json::from_slice(plain).ok()?;
+        let plain = open(&self.key, AAD, id.strip_prefix(PREFIX)?)?;
+        let data: SessionData = serde_json::from_slice(&plain).ok()?;
         (data.exp > now && data.path == path && data.pr.as_deref() == principal).then_some(data)
     }
 }
@@ -276,49 +247,67 @@ impl Sealer {
 
     /// Random bytes (a name nobody can guess).
     pub fn random<const N: usize>(&self) -> [u8; N] {
-        let mut out = [0u8; N];
-        if self.rng.fill(&mut out).is_err() {
-            let t = now_ms().to_le_bytes();
-            let n = t.len().min(N);
-            out[..n].copy_from_slice(&t[..n]);
-        }
-        out
+        random(&self.rng)
     }
 
     /// `plain` sealed, as URL-safe base64.
     pub fn seal(&self, plain: &[u8]) -> String {
-        let nonce = self.random::<NONCE_LEN>();
-        let mut buf = plain.to_vec();
-        if self
-            .key
-            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
-            .is_err()
-        {
-            return String::new();
-        }
-        let mut out = Vec::with_capacity(NONCE_LEN + buf.len());
-        out.extend_from_slice(&nonce);
-        out.extend_from_slice(&buf);
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(out)
+        seal(&self.key, &self.rng, &[], plain.to_vec())
     }
 
     /// What `seal` sealed; `None` when tampered with, truncated or sealed under another key.
     pub fn open(&self, sealed: &str) -> Option<Vec<u8>> {
-        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(sealed)
-            .ok()?;
-        if raw.len() < NONCE_LEN {
-            return None;
-        }
-        let (nonce, sealed) = raw.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
-        let mut sealed = sealed.to_vec();
-        let plain = self
-            .key
-            .open_in_place(nonce, Aad::empty(), &mut sealed)
-            .ok()?;
-        Some(plain.to_vec())
+        open(&self.key, &[], sealed)
     }
+}
+
+/// Random bytes from `rng`; should the system's source fail, the clock's (a nonce must still
+/// differ from the last one, and it does while time moves).
+fn random<const N: usize>(rng: &SystemRandom) -> [u8; N] {
+    let mut out = [0u8; N];
+    if rng.fill(&mut out).is_err() {
+        let t = now_ms().to_le_bytes();
+        let n = t.len().min(N);
+        out[..n].copy_from_slice(&t[..n]);
+    }
+    out
+}
+
+/// `buf` sealed under `key` with `aad` and a fresh nonce, as URL-safe base64 of the nonce
+/// followed by the ciphertext and tag; empty if sealing failed. Session ids and the
+/// [`Sealer`]s (request states) write this one layout.
+fn seal(key: &LessSafeKey, rng: &SystemRandom, aad: &'static [u8], mut buf: Vec<u8>) -> String {
+    let nonce = random::<NONCE_LEN>(rng);
+    if key
+        .seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad),
+            &mut buf,
+        )
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut out = Vec::with_capacity(NONCE_LEN + buf.len());
+    out.extend_from_slice(&nonce);
+    out.extend_from_slice(&buf);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(out)
+}
+
+/// What [`seal`] sealed under `key` and `aad`; `None` when tampered with, truncated, not base64
+/// or sealed under another key or purpose.
+fn open(key: &LessSafeKey, aad: &'static [u8], text: &str) -> Option<Vec<u8>> {
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()?;
+    if raw.len() < NONCE_LEN {
+        return None;
+    }
+    let (nonce, sealed) = raw.split_at(NONCE_LEN);
+    let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+    let mut sealed = sealed.to_vec();
+    let plain = key.open_in_place(nonce, Aad::from(aad), &mut sealed).ok()?;
+    Some(plain.to_vec())
 }
 
 #[cfg(test)]

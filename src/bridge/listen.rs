@@ -23,7 +23,7 @@
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, StatusCode};
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -32,12 +32,12 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::owner::Owner;
-use super::session::{Held, on_session_error, session_or_modern, stdio_of};
+use super::session::{Held, on_session_error, session_or_modern, stdio_of, stream_request};
 use super::{Bridged, collect, send_raw, upstream_err};
 use crate::backend::{Backend, LegacySession, SessionStream};
 use crate::error::GatewayError;
 use crate::metrics::ListenStream;
-use crate::protocol::{LOG_LEVELS, RequestId, header as h, log_rank, meta};
+use crate::protocol::{LOG_LEVELS, RequestId, log_rank, meta};
 use crate::upstream::http::{HttpUpstream, async_stream};
 use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
 
@@ -288,17 +288,7 @@ async fn session_stream(
     if let Some(st) = held.upgrade() {
         return Ok(st);
     }
-    let mut extra = vec![(h::names::PROTOCOL_VERSION, s.version.clone())];
-    if let Some(id) = &s.id {
-        extra.push((h::names::SESSION_ID, id.clone()));
-    }
-    let mut req = up.request(&HeaderMap::new(), &extra, Bytes::new());
-    *req.method_mut() = Method::GET;
-    req.headers_mut().insert(
-        http::header::ACCEPT,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    req.headers_mut().remove(http::header::CONTENT_TYPE);
+    let req = stream_request(up, s);
     let reply = up
         .call(req, Instant::now() + LISTEN_LIFETIME)
         .await

@@ -65,7 +65,7 @@ pub use probe::{
     Classification, classify_http, classify_stdio, ensure_verdict, initialize_refusal_is_modern,
     reprobe,
 };
-pub use session::{close, close_owner, open, session};
+pub use session::{close, close_owner, open, session, stream_request};
 
 use session::{forget_session, on_session_error, session_or_modern, stdio_of};
 use translate::{CancelGuard, Mapping, scope_str, to_legacy, translate};
