@@ -879,11 +879,25 @@ inst_desc() {
         fi
     done
     if ((ROUNDS > 1)); then
+        {
+            echo "## req/s per round"
+            echo
+            awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=rounds -f "$BENCHES/stats.awk" -f "$BENCHES/report.awk" \
+                "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
+        } >"$TMP/rounds.md"
         echo
-        echo "## req/s per round"
-        echo
-        awk -F'\t' -v conc="$CONCURRENCY" -v rounds="$ROUNDS" -v busy="$BUSY_MARK" -v section=rounds -f "$BENCHES/stats.awk" -f "$BENCHES/report.awk" \
-            "$TMP/methods.tsv" "$TMP/na.tsv" "$TMP/raw.tsv"
+        cat "$TMP/rounds.md"
+        # The same rounds as ratios within each round (benches/paired.awk), where the host's
+        # drift over minutes cancels out.
+        awk -f "$BENCHES/stats.awk" -f "$BENCHES/paired.awk" "$TMP/rounds.md" >"$TMP/paired.md"
+        if (($(wc -l <"$TMP/paired.md") > 2)); then
+            echo
+            echo "## Against the reference, round by round"
+            echo
+            cat "$TMP/paired.md"
+            echo
+            echo "Each round's ratio of the two targets' req/s (measured seconds apart in that round); the bound is the issue's for that path (– none)."
+        fi
     fi
     if [[ -s $TMP/notes.txt ]]; then
         echo
