@@ -13,6 +13,7 @@ mod core;
 mod hardening;
 mod input;
 mod interop;
+mod jwt;
 mod layers;
 pub mod legacy;
 mod listen;
