@@ -10,6 +10,7 @@ mod calls;
 mod cli;
 mod common;
 mod core;
+mod deploy;
 mod hardening;
 mod input;
 mod interop;

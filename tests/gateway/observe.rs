@@ -1,21 +1,19 @@
-//! Observability and deployment (issue 7): the metrics listener (`/metrics`, `/healthz`,
-//! `/readyz`) scraped after real traffic through portico to real backends (the HTTP mock, a
-//! legacy mock, a stdio child and the built-in demo); `promtool` on a scrape under load and on
-//! the alert rules; the dashboard and alerts only name metrics a real scrape has; the Kubernetes
-//! manifests parse and their portico.toml passes `portico --check`; JSON access log lines carry
-//! the client's `traceparent`, which also reaches the backend.
+//! Observability (issue 7): the metrics listener (`/metrics`, `/healthz`, `/readyz`) scraped
+//! after real traffic through portico to real backends (the HTTP mock, a legacy mock, a stdio
+//! child and the built-in demo); JSON access log lines carry the client's `traceparent`, which
+//! also reaches the backend. What ships beside the binary (alert rules, dashboard, Kubernetes
+//! manifests) is checked in `deploy`.
 
 use crate::common::mock::MockMcp;
 use crate::common::*;
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+pub(crate) const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const STDIO_MOCK: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/gateway/fixtures/stdio_mock.py"
@@ -26,8 +24,8 @@ const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-
 
 /// One sample line of the text format.
 #[derive(Debug)]
-struct Sample {
-    name: String,
+pub(crate) struct Sample {
+    pub(crate) name: String,
     labels: BTreeMap<String, String>,
     value: f64,
 }
@@ -84,7 +82,7 @@ fn has(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> bool {
     })
 }
 
-async fn scrape_text(gw: &Gateway) -> String {
+pub(crate) async fn scrape_text(gw: &Gateway) -> String {
     let r = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
     assert_eq!(r.status, 200);
     assert!(
@@ -96,7 +94,7 @@ async fn scrape_text(gw: &Gateway) -> String {
     String::from_utf8(r.body.to_vec()).expect("UTF-8 exposition")
 }
 
-async fn scrape(gw: &Gateway) -> Vec<Sample> {
+pub(crate) async fn scrape(gw: &Gateway) -> Vec<Sample> {
     parse_scrape(&scrape_text(gw).await)
 }
 
@@ -126,7 +124,7 @@ async fn dead_port() -> u16 {
 
 /// Every kind of backend: modern HTTP (`m`), legacy HTTP (`old`), stdio (`s`), the built-in demo,
 /// and an unreachable one (`dead`).
-async fn full_setup() -> (
+pub(crate) async fn full_setup() -> (
     crate::common::mock::MockHandle,
     crate::common::mock::MockHandle,
     Gateway,
@@ -634,328 +632,7 @@ async fn no_metrics_section_no_listener() {
     assert!(gw.metrics_addr.is_none());
 }
 
-// === promtool ===
-
-/// `promtool` with `args`, `stdin` piped in; panics (never skips) when it is not installed.
-async fn promtool(args: &[&str], stdin: &[u8]) -> (bool, String) {
-    let mut child = tokio::process::Command::new("promtool")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "promtool is required for this test ({e}); install the Debian package `prometheus`"
-            )
-        });
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin).await.unwrap();
-    drop(input);
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("promtool within 60 s")
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-#[tokio::test]
-async fn promtool_accepts_a_scrape_taken_under_load() {
-    let (_mock, _legacy, gw) = full_setup().await;
-    let gw = Arc::new(gw);
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut load = Vec::new();
-    for (i, path) in [
-        "/mcp/m",
-        "/mcp/demo",
-        "/mcp/s",
-        "/mcp/old",
-        "/mcp/dead",
-        "/mcp/m",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let (gw, stop) = (gw.clone(), stop.clone());
-        load.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let method = if i % 2 == 0 {
-                    "tools/list"
-                } else {
-                    "tools/call"
-                };
-                let params = if method == "tools/call" {
-                    json!({"name":"echo","arguments":{"text":"x"}})
-                } else {
-                    json!({})
-                };
-                mcp(&gw.url(path), json!(n), method, params).await;
-                n += 1;
-            }
-            n
-        }));
-    }
-    let mut scrapes = Vec::new();
-    for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        scrapes.push(scrape_text(&gw).await);
-    }
-    stop.store(true, Ordering::Relaxed);
-    let mut total = 0;
-    for l in load {
-        total += l.await.unwrap();
-    }
-    assert!(total > 10, "the load ran ({total} requests)");
-    for text in &scrapes {
-        let (ok, out) = promtool(&["check", "metrics"], text.as_bytes()).await;
-        assert!(ok, "promtool check metrics: {out}\n--- scrape ---\n{text}");
-        assert!(text.contains("portico_requests_total{"), "{text}");
-    }
-}
-
-#[tokio::test]
-async fn promtool_accepts_the_alert_rules() {
-    let rules = format!("{ROOT}/deploy/prometheus/alerts.yml");
-    let (ok, out) = promtool(&["check", "rules", &rules], b"").await;
-    assert!(ok, "promtool check rules: {out}");
-}
-
-// === Dashboard and alerts name only real metrics ===
-
-/// Every `portico_*` identifier in `text`.
-fn metric_names(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("portico_") {
-        let tail = &rest[i..];
-        let end = tail
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(tail.len());
-        out.insert(tail[..end].to_string());
-        rest = &tail[end..];
-    }
-    out
-}
-
-fn exprs(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            for (k, v) in m {
-                match (k.as_str(), v) {
-                    ("expr", Value::String(s)) => out.push(s.clone()),
-                    _ => exprs(v, out),
-                }
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|v| exprs(v, out)),
-        _ => {}
-    }
-}
-
-#[tokio::test]
-async fn dashboard_and_alerts_name_only_metrics_a_scrape_has() {
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(format!("{ROOT}/deploy/grafana/portico-dashboard.json")).unwrap(),
-    )
-    .expect("dashboard is JSON");
-    let alerts: Value = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(format!("{ROOT}/deploy/prometheus/alerts.yml")).unwrap(),
-    )
-    .expect("alert rules are YAML");
-    let mut from_dashboard = Vec::new();
-    exprs(&dashboard, &mut from_dashboard);
-    let mut from_alerts = Vec::new();
-    exprs(&alerts, &mut from_alerts);
-    assert!(from_dashboard.len() >= 10, "{from_dashboard:?}");
-    assert!(from_alerts.len() >= 4, "{from_alerts:?}");
-    let named: BTreeSet<String> = from_dashboard
-        .iter()
-        .chain(&from_alerts)
-        .flat_map(|e| metric_names(e))
-        .collect();
-
-    // A real scrape after traffic of every kind (so every labelled series exists).
-    let (_mock, _legacy, gw) = full_setup().await;
-    for path in ["/mcp/m", "/mcp/demo", "/mcp/s", "/mcp/old", "/mcp/dead"] {
-        mcp(&gw.url(path), json!(1), "tools/list", json!({})).await;
-    }
-    let s = scrape(&gw).await;
-    let present: BTreeSet<&str> = s.iter().map(|x| x.name.as_str()).collect();
-    let missing: Vec<&String> = named
-        .iter()
-        .filter(|n| !present.contains(n.as_str()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "named in deploy/ but absent from a scrape: {missing:?}\npresent: {present:?}"
-    );
-    // And the other way round: every metric portico exports is on the dashboard.
-    let families: BTreeSet<String> = present
-        .iter()
-        .map(|n| {
-            ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|suffix| {
-                    n.strip_suffix(suffix)
-                        .filter(|base| present.contains(format!("{base}_bucket").as_str()))
-                })
-                .unwrap_or(n)
-                .to_string()
-        })
-        .collect();
-    let dashboard_text = from_dashboard.join("\n");
-    for f in &families {
-        assert!(
-            dashboard_text.contains(f.as_str()),
-            "{f} is exported but not on the dashboard"
-        );
-    }
-}
-
-// === Kubernetes manifests ===
-
-fn k8s_documents() -> Vec<(PathBuf, Value)> {
-    let dir = Path::new(ROOT).join("deploy/k8s");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    let mut docs = Vec::new();
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: not valid YAML: {e}", f.display()));
-            if !v.is_null() {
-                docs.push((f.clone(), v));
-            }
-        }
-    }
-    docs
-}
-
-/// The one document of kind `k` that belongs to portico (redis.yaml adds Redis's own).
-fn kind<'a>(docs: &'a [(PathBuf, Value)], k: &str) -> &'a Value {
-    let found: Vec<_> = docs
-        .iter()
-        .filter(|(_, d)| d["kind"] == k && d["metadata"]["name"] == "portico")
-        .collect();
-    assert_eq!(found.len(), 1, "exactly one portico {k}");
-    &found[0].1
-}
-
-#[tokio::test]
-async fn kubernetes_manifests_parse_and_their_config_passes_check() {
-    let docs = k8s_documents();
-    let mut kinds: Vec<&str> = docs
-        .iter()
-        .map(|(_, d)| d["kind"].as_str().unwrap())
-        .collect();
-    kinds.sort();
-    // portico's own objects, the scale-out HPA, and the optional Redis (Deployment, Service,
-    // Secret) of deploy/k8s/redis.yaml.
-    assert_eq!(
-        kinds,
-        [
-            "ConfigMap",
-            "Deployment",
-            "Deployment",
-            "HorizontalPodAutoscaler",
-            "PodDisruptionBudget",
-            "Secret",
-            "Service",
-            "Service"
-        ]
-    );
-    let hpa = kind(&docs, "HorizontalPodAutoscaler");
-    assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "Deployment");
-    assert_eq!(hpa["spec"]["scaleTargetRef"]["name"], "portico");
-    for (f, d) in &docs {
-        assert!(d["apiVersion"].is_string(), "{}", f.display());
-        assert!(d["metadata"]["name"].is_string(), "{}", f.display());
-    }
-
-    let deploy = kind(&docs, "Deployment");
-    assert_eq!(deploy["spec"]["replicas"], 2);
-    let pod = &deploy["spec"]["template"];
-    let ann = &pod["metadata"]["annotations"];
-    assert_eq!(ann["prometheus.io/scrape"], "true");
-    assert_eq!(ann["prometheus.io/port"], "9464");
-    assert_eq!(ann["prometheus.io/path"], "/metrics");
-    let c = &pod["spec"]["containers"][0];
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "metrics");
-    let ports: Vec<(&str, u64)> = c["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["name"].as_str().unwrap(),
-                p["containerPort"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(ports, [("http", 8787), ("metrics", 9464)]);
-    assert!(c["resources"]["requests"]["cpu"].is_string());
-    assert!(c["resources"]["limits"]["memory"].is_string());
-    assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
-    let pdb = kind(&docs, "PodDisruptionBudget");
-    assert_eq!(
-        pdb["spec"]["selector"]["matchLabels"],
-        deploy["spec"]["selector"]["matchLabels"]
-    );
-    let svc = kind(&docs, "Service");
-    assert_eq!(
-        svc["spec"]["selector"],
-        deploy["spec"]["selector"]["matchLabels"]
-    );
-
-    // The ConfigMap's portico.toml: the real binary's --check accepts it, and it binds every
-    // interface (in a pod, loopback is unreachable from the Service and the kubelet).
-    let cm = kind(&docs, "ConfigMap");
-    let toml = cm["data"]["portico.toml"]
-        .as_str()
-        .expect("portico.toml key");
-    let config = portico::config::validate(portico::config::parse(toml).unwrap()).unwrap();
-    assert!(config.server.listen.starts_with("0.0.0.0:"));
-    assert_eq!(config.metrics.as_ref().unwrap().listen, "0.0.0.0:9464");
-    let file = temp_file("configmap-portico.toml", toml);
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
-        .args(["--check", "--config"])
-        .arg(&file)
-        .output()
-        .await
-        .unwrap();
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        out.status.success(),
-        "portico --check: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // And the volume mount puts it where the container's args look.
-    let args: Vec<&str> = c["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    assert_eq!(args, ["--config", "/etc/portico/portico.toml"]);
-    assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/portico");
-}
-
-fn temp_file(name: &str, text: &str) -> PathBuf {
+pub(crate) fn temp_file(name: &str, text: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!(
         "portico-observe-{}-{}-{name}",
         std::process::id(),
