@@ -116,14 +116,31 @@ pub fn relay_response(parts: http::response::Parts, body: Body) -> Response<Body
     let mut resp = Response::new(body);
     *resp.status_mut() = parts.status;
     *resp.headers_mut() = headers;
-    let out = resp.headers_mut();
     if sse {
-        out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        out.insert(
-            HeaderName::from_static("x-accel-buffering"),
-            HeaderValue::from_static("no"),
-        );
+        unbuffered(resp.headers_mut());
     }
+    resp
+}
+
+/// What keeps an SSE stream flowing through caches and buffering proxies in between (nginx
+/// reads `X-Accel-Buffering`).
+fn unbuffered(out: &mut http::HeaderMap) {
+    out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    out.insert(
+        HeaderName::from_static("x-accel-buffering"),
+        HeaderValue::from_static("no"),
+    );
+}
+
+/// A `200` SSE response over `body` (a stream of events).
+pub fn sse_response(body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    let out = resp.headers_mut();
+    out.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    unbuffered(out);
     resp
 }
 
@@ -180,18 +197,7 @@ pub async fn render(
                     &GatewayError::from_upstream(&name, timeout_ms, &e).to_message(id.as_ref()),
                 ),
             });
-            let mut resp = Response::new(Body::Stream(Box::pin(events)));
-            let out = resp.headers_mut();
-            out.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            out.insert(
-                HeaderName::from_static("x-accel-buffering"),
-                HeaderValue::from_static("no"),
-            );
-            resp
+            sse_response(Body::Stream(Box::pin(events)))
         }
     }
 }

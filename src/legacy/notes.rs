@@ -21,7 +21,7 @@
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, Response, header};
+use http::{HeaderMap, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use super::{SessionData, backends, modernize, result};
 use crate::backend::Verdict;
-use crate::body::{Body, sse_event};
+use crate::body::{Body, sse_event, sse_response};
 use crate::bridge::{self, Owner};
 use crate::error::GatewayError;
 use crate::protocol::{self, RequestId, log_rank, meta};
@@ -154,18 +154,7 @@ pub(super) async fn get_stream(
         let _open = &open;
         sse_event(&m)
     });
-    let mut resp = Response::new(Body::Stream(Box::pin(events)));
-    let out = resp.headers_mut();
-    out.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    out.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    out.insert(
-        http::HeaderName::from_static("x-accel-buffering"),
-        HeaderValue::from_static("no"),
-    );
-    Ok(resp)
+    Ok(sse_response(Body::Stream(Box::pin(events))))
 }
 
 /// `resources/subscribe` / `resources/unsubscribe` (`subscribe` false) of `uri`.
