@@ -13,11 +13,15 @@
 # A round in which either side of a pair was not measured is skipped.
 
 BEGIN {
-    # target, reference, bound (issues 23 and 24) — in the order printed.
+    # target, reference, bound (issues 23 and 24; 0: none) — in the order printed. The last
+    # rows are the before/after pairs of a BASE_BIN run: a change's effect, round by round.
     npairs = split("portico:nginx:1.0 portico-hyper:nginx-hyper:1.0 portico-py-call:nginx-py-call:1.0 " \
         "portico-log:nginx-log:1.0 portico-log:portico:0.95 portico-tls:nginx-tls:1.0 portico-h2:nginx-h2:0 " \
         "portico-verify:nginx:1.0 portico-legacy:nginx:0.9 portico-agg-call:nginx:0 " \
-        "portico-agg:nginx-list:0.5 portico-agg-cache:portico-cache:0.8", pairs, " ")
+        "portico-agg:nginx-list:0.5 portico-agg-cache:portico-cache:0.8 " \
+        "portico:portico-base:0 portico-verify:portico-verify-base:0 portico-legacy:portico-legacy-base:0 " \
+        "portico-agg:portico-agg-base:0 portico-agg-call:portico-agg-call-base:0 " \
+        "portico-trace001:portico-trace001-base:0", pairs, " ")
     for (i = 1; i <= npairs; i++) {
         split(pairs[i], f, ":")
         ptarget[i] = f[1]; pref[i] = f[2]; pbound[i] = f[3] + 0
