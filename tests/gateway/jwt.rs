@@ -187,27 +187,6 @@ protocol = "modern"
     let _ = std::fs::remove_file(&jwks);
 }
 
-/// A one-route HTTP server for a JWKS document that can be swapped (key rotation).
-async fn jwks_server(doc: Arc<Mutex<String>>) -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = l.accept().await {
-            let doc = doc.lock().unwrap().clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let _ = tcp.read(&mut buf).await;
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
-                    doc.len()
-                );
-                let _ = tcp.write_all(resp.as_bytes()).await;
-            });
-        }
-    });
-    addr
-}
-
 #[tokio::test]
 async fn jwks_url_is_fetched_and_refreshed() {
     let keys = Keys::new();
@@ -257,92 +236,12 @@ async fn jwks_url_is_fetched_and_refreshed() {
     gw.stop().await;
 }
 
-/// A CA and a leaf certificate for `localhost` / `127.0.0.1` it signed, made with `openssl`
-/// in a fresh directory: (ca.pem, leaf.pem, leaf.key).
-fn test_pki() -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("portico-pki-{}-{}", std::process::id(), now()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .expect("openssl must be installed for this test");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=portico test CA",
-        ],
-    ]
-    .concat());
-    run(&[
-        &["req"][..],
-        &ec,
-        &[
-            "-keyout",
-            "leaf.key",
-            "-out",
-            "leaf.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    ]
-    .concat());
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "leaf.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "leaf.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-    ]);
-    (
-        dir.join("ca.pem"),
-        dir.join("leaf.pem"),
-        dir.join("leaf.key"),
-    )
-}
-
 /// `jwks_url` over https: trusted through `ca_file`; without it the private CA is refused and
 /// no key is loaded.
 #[tokio::test]
 async fn jwks_url_over_https_with_a_private_ca() {
-    let (ca, cert, key) = test_pki();
+    let dir = std::env::temp_dir().join(format!("portico-pki-{}-{}", std::process::id(), now()));
+    let (ca, cert, key) = crate::tls::private_ca(&dir);
     let tls = portico::server::tls_acceptor(&portico::config::ServerConfig {
         tls_cert: Some(cert),
         tls_key: Some(key),
@@ -583,7 +482,12 @@ async fn jwt_with_a_crit_header_is_refused() {
     gw.stop().await;
 }
 
-/// A JWKS server that counts the documents it serves; `doc` can be swapped.
+/// A one-route HTTP server for a JWKS document that can be swapped (key rotation).
+async fn jwks_server(doc: Arc<Mutex<String>>) -> std::net::SocketAddr {
+    counting_jwks_server(doc, Arc::default()).await
+}
+
+/// [`jwks_server`], counting the documents it serves.
 async fn counting_jwks_server(
     doc: Arc<Mutex<String>>,
     served: Arc<std::sync::atomic::AtomicUsize>,

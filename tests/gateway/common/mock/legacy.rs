@@ -9,13 +9,7 @@ pub(super) async fn legacy(
     parts: http::request::Parts,
     body: Value,
 ) -> Response<Body> {
-    let h = |n: &str| {
-        parts
-            .headers
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    };
+    let h = |n: &str| header(&parts.headers, n);
     let session = h("mcp-session-id");
     if parts.method == Method::DELETE {
         state.deletes.fetch_add(1, Ordering::Relaxed);

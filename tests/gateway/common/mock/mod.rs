@@ -560,13 +560,7 @@ async fn modern(
     if parts.method != Method::POST {
         return empty(StatusCode::METHOD_NOT_ALLOWED);
     }
-    let h = |n: &str| {
-        parts
-            .headers
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    };
+    let h = |n: &str| header(&parts.headers, n);
     let id = body.get("id").cloned().unwrap_or(Value::Null);
     if body.is_array() {
         return json_resp(StatusCode::BAD_REQUEST, &err(&Value::Null, -32600, "batch"));
@@ -626,6 +620,14 @@ async fn modern(
 }
 
 /// The legacy session a request belongs to ("" without one).
+/// Header `n` as text, when present and visible ASCII.
+fn header(headers: &HeaderMap, n: &str) -> Option<String> {
+    headers
+        .get(n)
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
+}
+
 fn session_of(headers: &HeaderMap) -> String {
     headers
         .get("mcp-session-id")
