@@ -76,6 +76,16 @@ impl Keys {
         ]})
     }
 
+    /// The JWKS with only the key `kid` in it.
+    fn jwks_of(&self, kid: &str) -> Value {
+        let mut doc = self.jwks();
+        doc["keys"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|k| k["kid"] == kid);
+        doc
+    }
+
     fn hs(&self, claims: &Value) -> String {
         mint("HS256", "hs", claims, |m| {
             ring::hmac::sign(&ring::hmac::Key::new(ring::hmac::HMAC_SHA256, HS_SECRET), m)
@@ -190,12 +200,7 @@ protocol = "modern"
 #[tokio::test]
 async fn jwks_url_is_fetched_and_refreshed() {
     let keys = Keys::new();
-    let mut only_rsa = keys.jwks();
-    only_rsa["keys"]
-        .as_array_mut()
-        .unwrap()
-        .retain(|k| k["kid"] == "rs");
-    let doc = Arc::new(Mutex::new(only_rsa.to_string()));
+    let doc = Arc::new(Mutex::new(keys.jwks_of("rs").to_string()));
     let addr = jwks_server(doc.clone()).await;
     let mock = MockMcp::modern().start().await;
     let gw = Gateway::start(&format!(
@@ -520,12 +525,7 @@ async fn an_unknown_kid_refetches_the_jwks_at_most_once_per_interval() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     assert!(portico::auth::JWKS_UNKNOWN_KID_MIN_INTERVAL >= Duration::from_secs(5));
     let keys = Keys::new();
-    let mut only_rsa = keys.jwks();
-    only_rsa["keys"]
-        .as_array_mut()
-        .unwrap()
-        .retain(|k| k["kid"] == "rs");
-    let doc = Arc::new(Mutex::new(only_rsa.to_string()));
+    let doc = Arc::new(Mutex::new(keys.jwks_of("rs").to_string()));
     let served = Arc::new(AtomicUsize::new(0));
     let addr = counting_jwks_server(doc.clone(), served.clone()).await;
     let mock = MockMcp::modern().ttl_ms(None).start().await;
