@@ -8,7 +8,7 @@ use ring::signature::{self, KeyPair};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::common::Gateway;
 use crate::common::mock::MockMcp;
@@ -265,13 +265,7 @@ async fn jwks_url_over_https_with_a_private_ca() {
                 let Ok(mut tcp) = tls.accept(tcp).await else {
                     return;
                 };
-                let mut buf = [0u8; 2048];
-                let _ = tcp.read(&mut buf).await;
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
-                    doc.len()
-                );
-                let _ = tcp.write_all(resp.as_bytes()).await;
+                serve_json(&mut tcp, &doc).await;
                 let _ = tcp.shutdown().await;
             });
         }
@@ -487,6 +481,17 @@ async fn jwt_with_a_crit_header_is_refused() {
     gw.stop().await;
 }
 
+/// Reads one request from `tcp` (a JWKS fetch fits in one read) and answers it with `doc`.
+async fn serve_json<S: AsyncRead + AsyncWrite + Unpin>(tcp: &mut S, doc: &str) {
+    let mut buf = [0u8; 2048];
+    let _ = tcp.read(&mut buf).await;
+    let resp = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
+        doc.len()
+    );
+    let _ = tcp.write_all(resp.as_bytes()).await;
+}
+
 /// A one-route HTTP server for a JWKS document that can be swapped (key rotation).
 async fn jwks_server(doc: Arc<Mutex<String>>) -> std::net::SocketAddr {
     counting_jwks_server(doc, Arc::default()).await
@@ -504,13 +509,7 @@ async fn counting_jwks_server(
             served.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let doc = doc.lock().unwrap().clone();
             tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let _ = tcp.read(&mut buf).await;
-                let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{doc}",
-                    doc.len()
-                );
-                let _ = tcp.write_all(resp.as_bytes()).await;
+                serve_json(&mut tcp, &doc).await;
             });
         }
     });
