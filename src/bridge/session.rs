@@ -6,7 +6,7 @@
 //! re-probes the backend ([`flip_to_modern`]).
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -41,21 +41,14 @@ impl From<GatewayError> for SessionError {
 const OWN: OwnerKey = [0; 32];
 
 /// The `GET` that opens session `s`'s standalone SSE stream (where an initialize-era server
-/// says what it says unasked): the session's headers, `Accept: text/event-stream`, no body.
-/// Shared by a listen request's stream (`listen`) and the cache's watcher (`invalidation`).
+/// says what it says unasked), with the session's headers. Shared by a listen request's stream
+/// (`listen`) and the cache's watcher (`invalidation`).
 pub fn stream_request(up: &HttpUpstream, s: &LegacySession) -> Request<Bytes> {
     let mut extra = vec![(h::names::PROTOCOL_VERSION, s.version.clone())];
     if let Some(id) = &s.id {
         extra.push((h::names::SESSION_ID, id.clone()));
     }
-    let mut req = up.request(&HeaderMap::new(), &extra, Bytes::new());
-    *req.method_mut() = Method::GET;
-    req.headers_mut().insert(
-        http::header::ACCEPT,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    req.headers_mut().remove(http::header::CONTENT_TYPE);
-    req
+    up.get_events(&extra)
 }
 
 /// `owner`'s upstream legacy session on `b`, initialized on first use (and again when lost or

@@ -17,7 +17,7 @@
 //! `endpoint` event by `timeout_ms`, each POST by `timeout_ms`; a failed POST ends the session.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Uri, header};
 use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,13 +114,7 @@ pub async fn connect(t: &SseTarget) -> Result<(SseConn, Poster), String> {
 /// its endpoint as the stream opens, while a Streamable HTTP server may hold a GET open silently).
 pub async fn connect_within(t: &SseTarget, wait: Duration) -> Result<(SseConn, Poster), String> {
     let deadline = Instant::now() + wait;
-    let mut head = t.extra.clone();
-    head.push((
-        header::ACCEPT,
-        HeaderValue::from_static("text/event-stream"),
-    ));
-    let mut req = t.up.request(&HeaderMap::new(), &head, Bytes::new());
-    *req.method_mut() = Method::GET;
+    let req = t.up.get_events(&t.extra);
     let ex =
         t.up.exchange(req, deadline)
             .await

@@ -214,6 +214,22 @@ impl HttpUpstream {
         req
     }
 
+    /// A `GET` for an event stream: [`request`](Self::request) with no client headers and no
+    /// body, `Accept: text/event-stream`, and no `Content-Type` (a configured one describes
+    /// POSTed bodies). A legacy session's standalone stream (`bridge::stream_request`) and the
+    /// SSE transport's stream (`sse::connect`).
+    pub fn get_events(&self, extra: &[(HeaderName, HeaderValue)]) -> Request<Bytes> {
+        let mut req = self.request(&HeaderMap::new(), extra, Bytes::new());
+        *req.method_mut() = Method::GET;
+        let h = req.headers_mut();
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.remove(header::CONTENT_TYPE);
+        req
+    }
+
     /// Pass-through: `request` + `exchange` in one step. On the lean client the request head is
     /// written straight from the client's headers, with no intermediate `HeaderMap`.
     pub async fn forward(
