@@ -207,6 +207,7 @@ async fn listen(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ende
     let body = Bytes::from_static(LISTEN_BODY.as_bytes());
     let reply = match backend.transport() {
         Upstream::Http(up) => {
+            let [content_type, accept] = h::post_headers();
             let extra = [
                 (
                     h::names::PROTOCOL_VERSION,
@@ -216,14 +217,8 @@ async fn listen(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> Ende
                     h::names::METHOD,
                     HeaderValue::from_static("subscriptions/listen"),
                 ),
-                (
-                    http::header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                ),
-                (
-                    http::header::ACCEPT,
-                    HeaderValue::from_static("application/json, text/event-stream"),
-                ),
+                content_type,
+                accept,
             ];
             let req = up.request(&HeaderMap::new(), &extra, body);
             up.call(req, deadline).await

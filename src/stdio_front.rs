@@ -67,8 +67,6 @@ const MAX_ANSWER_BYTES: usize = crate::sse::DEFAULT_MAX_EVENT_BYTES;
 const MAX_IN_FLIGHT: usize = 1024;
 /// stdout buffer; flushed whenever no line is waiting.
 const WRITE_BUFFER: usize = 64 * 1024;
-/// The `Accept` header a Streamable HTTP client sends.
-const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 
 /// How a stdio front end serves.
 #[derive(Debug, Clone)]
@@ -476,11 +474,9 @@ fn request(
     if let Some(a) = &caller.authorization {
         headers.insert(header::AUTHORIZATION, a.clone());
     }
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(header::ACCEPT, HeaderValue::from_static(ACCEPT_BOTH));
+    for (name, value) in h::post_headers() {
+        headers.insert(name, value);
+    }
     let version = h::names::PROTOCOL_VERSION;
     match session {
         Some(s) => {
@@ -691,7 +687,7 @@ mod tests {
             protocol::decode_header_value(hd[h::NAME].as_bytes()).as_deref(),
             Some("café")
         );
-        assert_eq!(hd[header::ACCEPT], ACCEPT_BOTH);
+        assert_eq!(hd[header::ACCEPT], h::ACCEPT_BOTH);
         let s = LegacyClient {
             session_id: HeaderValue::from_static("p1.abc"),
             version: HeaderValue::from_static("2025-06-18"),

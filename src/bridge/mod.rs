@@ -85,20 +85,12 @@ use crate::protocol::{Envelope, RequestId, SUPPORTED_VERSIONS, header as h, meta
 use crate::upstream::stdio::CallOptions;
 use crate::upstream::{AnswerCheck, MessageStream, Reply, Upstream, UpstreamError};
 
-fn hv(s: &'static str) -> HeaderValue {
-    HeaderValue::from_static(s)
-}
-
 /// Headers every message portico originates carries, with room for `more` (sized up front: a
 /// bridged call adds the version, the session, trace context and the team's, and growing the
 /// list cost a reallocation on every call, callgrind).
 fn base_headers(more: usize) -> Vec<(HeaderName, HeaderValue)> {
     let mut headers = Vec::with_capacity(2 + more);
-    headers.push((http::header::CONTENT_TYPE, hv("application/json")));
-    headers.push((
-        http::header::ACCEPT,
-        hv("application/json, text/event-stream"),
-    ));
+    headers.extend(crate::protocol::header::post_headers());
     headers
 }
 

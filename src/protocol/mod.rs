@@ -44,6 +44,21 @@ pub mod header {
     pub const NAME: &str = "mcp-name";
     pub const SESSION_ID: &str = "mcp-session-id";
     pub const PARAM_PREFIX: &str = "mcp-param-";
+    /// The `Accept` of a Streamable HTTP client's POST: it takes either form of answer.
+    pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+
+    /// `Content-Type` and `Accept` of every message portico posts as a Streamable HTTP client
+    /// (bridged calls, probes, the catalogue, invalidation listens, the stdio front).
+    pub fn post_headers() -> [(http::HeaderName, http::HeaderValue); 2] {
+        use http::HeaderValue;
+        [
+            (
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (http::header::ACCEPT, HeaderValue::from_static(ACCEPT_BOTH)),
+        ]
+    }
 
     /// The same names as `HeaderName`s, built at compile time: a lookup or insert by `&str`
     /// (or a `from_static` call at run time) parses and validates the name on every request.
@@ -200,24 +215,17 @@ pub fn discover_probe(id: &str) -> bytes::Bytes {
 /// The HTTP headers of [`discover_probe`].
 pub fn discover_probe_headers() -> Vec<(http::HeaderName, http::HeaderValue)> {
     use http::HeaderValue;
-    vec![
-        (
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        ),
-        (
-            http::header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        ),
-        (
-            header::names::PROTOCOL_VERSION,
-            HeaderValue::from_static(LATEST_VERSION),
-        ),
-        (
-            header::names::METHOD,
-            HeaderValue::from_static("server/discover"),
-        ),
-    ]
+    let mut headers = Vec::with_capacity(4);
+    headers.extend(header::post_headers());
+    headers.push((
+        header::names::PROTOCOL_VERSION,
+        HeaderValue::from_static(LATEST_VERSION),
+    ));
+    headers.push((
+        header::names::METHOD,
+        HeaderValue::from_static("server/discover"),
+    ));
+    headers
 }
 
 /// A substring a message is tested for before it is parsed: most messages lack it and skip
@@ -369,8 +377,7 @@ pub fn encode_header_value(value: &str) -> String {
 pub fn accept_ok(accept: Option<&[u8]>) -> bool {
     let Some(accept) = accept else { return true };
     // What the SDKs send, verbatim: settled without splitting.
-    if accept == b"application/json, text/event-stream"
-        || accept == b"text/event-stream, application/json"
+    if accept == header::ACCEPT_BOTH.as_bytes() || accept == b"text/event-stream, application/json"
     {
         return true;
     }

@@ -20,7 +20,7 @@
 //! initialize-era backend uses the bridge's upstream session like any client request would.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, header};
+use http::HeaderMap;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -240,14 +240,7 @@ async fn list_page(
         Some(reply) => reply,
         None => {
             let mut extra = crate::step::mirror_headers(&env);
-            extra.push((
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            ));
-            extra.push((
-                header::ACCEPT,
-                HeaderValue::from_static("application/json, text/event-stream"),
-            ));
+            extra.extend(crate::protocol::header::post_headers());
             b.upstream
                 .call(Outgoing {
                     body,
