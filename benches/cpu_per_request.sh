@@ -11,13 +11,17 @@
 #   C=16 SYSCALLS=1 benches/cpu_per_request.sh   # + where the time goes (README, "Where a proxy's
 #                                                # time goes on this host")
 #   TARGETS="portico bridge" C=16 benches/cpu_per_request.sh   # some of: direct nginx portico bridge
+#   C=1 SYSCALLS=1 EXTRA_EVENTS=timer:hrtimer_start,timer:hrtimer_cancel benches/cpu_per_request.sh
+#   C=16 SCHED_BATCH=1 benches/cpu_per_request.sh   # both proxies' threads under SCHED_BATCH
 #
 # Prints one line per target: req/s, p50, p99, and µs of CPU per request for the proxy and for
 # the backend. SYSCALLS=1 adds, per request: the proxy's user and kernel µs (/proc/<pid>/stat
 # ticks, so run D=5 or more), its system calls, epoll waits and context switches (`perf stat`
 # tracepoints, which slow every call a little: read the counts, not that run's req/s), and the
 # TCP segments the host sent (`nstat`, every process: the same for all three targets when no
-# pure ACKs are sent). Needs the release build (cargo build --release --bin portico --example
+# pure ACKs are sent); EXTRA_EVENTS (comma-separated `perf` events) adds lines of those per
+# request. SCHED_BATCH=1 puts every thread of portico and of nginx's worker under SCHED_BATCH
+# (`chrt -b`: a woken batch task does not preempt the one running), for both proxies alike. Needs the release build (cargo build --release --bin portico --example
 # bench_backend), wrk and nginx (SYSCALLS=1: perf and nstat too). Every process it starts is
 # stopped when it exits.
 set -euo pipefail
@@ -131,11 +135,16 @@ wait_port "$NPORT" "$NP" || die "nginx does not listen on $NPORT"
 wait_port "$PPORT" "$PP" || die "portico does not listen on $PPORT (see $TMP/p.err)"
 sleep 0.3
 NW=$(pgrep -P "$NP" | head -1)
+if [[ ${SCHED_BATCH:-0} == 1 ]]; then
+    chrt -b -a -p 0 "$PP" >/dev/null && chrt -b -a -p 0 "$NW" >/dev/null || die "chrt -b failed"
+    echo "portico and nginx under SCHED_BATCH"
+fi
 
 ns() { awk '{print $1}' "/proc/$1/schedstat"; }
 ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # utime, stime
 EVENTS=raw_syscalls:sys_enter,syscalls:sys_enter_recvfrom,syscalls:sys_enter_sendto
 EVENTS+=,syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,context-switches
+[[ -n ${EXTRA_EVENTS:-} ]] && EVENTS+=,$EXTRA_EVENTS
 field() { grep -o "\"$1\":[0-9]*" "$TMP/w.out" | cut -d: -f2; }
 for target in ${TARGETS:-direct nginx portico bridge}; do
     backend=$BP
@@ -182,5 +191,9 @@ for target in ${TARGETS:-direct nginx portico bridge}; do
                     v["syscalls:sys_enter_writev"] / n, v["syscalls:sys_enter_epoll_wait"] / n,
                     v["context-switches"] / n, segs / n
             }' "$TMP/perf.out"
+        if [[ -n ${EXTRA_EVENTS:-} ]]; then
+            awk -v n="$n" -v want=",$EXTRA_EVENTS," 'BEGIN { FS = "," }
+                /^[0-9]/ && index(want, "," $3 ",") { printf "  %s: %.2f per request\n", $3, $1 / n }' "$TMP/perf.out"
+        fi
     fi
 done
