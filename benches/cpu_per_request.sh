@@ -13,6 +13,8 @@
 #   TARGETS="portico bridge" C=16 benches/cpu_per_request.sh   # some of: direct nginx portico bridge
 #   C=1 SYSCALLS=1 EXTRA_EVENTS=timer:hrtimer_start,timer:hrtimer_cancel benches/cpu_per_request.sh
 #   C=16 SCHED_BATCH=1 benches/cpu_per_request.sh   # both proxies' threads under SCHED_BATCH
+#   C=16 NICE=-5 benches/cpu_per_request.sh   # both proxies' threads at nice -5 (more weight)
+#   C=16 SCHED_TRACE=1 benches/cpu_per_request.sh   # who hands SERVER_CPUS to whom, per request
 #
 # Prints one line per target: req/s, p50, p99, and µs of CPU per request for the proxy and for
 # the backend. SYSCALLS=1 adds, per request: the proxy's user and kernel µs (/proc/<pid>/stat
@@ -21,7 +23,12 @@
 # TCP segments the host sent (`nstat`, every process: the same for all three targets when no
 # pure ACKs are sent); EXTRA_EVENTS (comma-separated `perf` events) adds lines of those per
 # request. SCHED_BATCH=1 puts every thread of portico and of nginx's worker under SCHED_BATCH
-# (`chrt -b`: a woken batch task does not preempt the one running), for both proxies alike. Needs the release build (cargo build --release --bin portico --example
+# (`chrt -b`: a woken batch task does not preempt the one running), for both proxies alike.
+# NICE=<n> renices every thread of portico and of nginx's worker (nginx's `worker_priority`):
+# more weight keeps a proxy eligible under EEVDF when its backend wakes. SCHED_TRACE=1 records
+# `sched:sched_switch` on SERVER_CPUS for 0.5 s of each target's run (`perf record`) and prints,
+# per request, how often each process gave the CPU to another: preempted (still runnable) or
+# going to sleep. Needs the release build (cargo build --release --bin portico --example
 # bench_backend), wrk and nginx (SYSCALLS=1: perf and nstat too). Every process it starts is
 # stopped when it exits.
 set -euo pipefail
@@ -139,12 +146,33 @@ if [[ ${SCHED_BATCH:-0} == 1 ]]; then
     chrt -b -a -p 0 "$PP" >/dev/null && chrt -b -a -p 0 "$NW" >/dev/null || die "chrt -b failed"
     echo "portico and nginx under SCHED_BATCH"
 fi
+if [[ -n ${NICE:-} ]]; then
+    [[ $NICE =~ ^-?[0-9]+$ ]] || die "NICE must be a number (-20 to 19)"
+    for t in /proc/"$PP"/task/* /proc/"$NW"/task/*; do
+        renice -n "$NICE" -p "${t##*/}" >/dev/null || die "renice failed"
+    done
+    echo "portico and nginx at nice $NICE"
+fi
 
 ns() { awk '{print $1}' "/proc/$1/schedstat"; }
 ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # utime, stime
 EVENTS=raw_syscalls:sys_enter,syscalls:sys_enter_recvfrom,syscalls:sys_enter_sendto
 EVENTS+=,syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,context-switches
 [[ -n ${EXTRA_EVENTS:-} ]] && EVENTS+=,$EXTRA_EVENTS
+# switch_table REQUESTS: the recorded sched_switch events as switches from one process to
+# another (the idle task is "idle") per request; prev_state R: preempted, else gone to sleep.
+switch_table() {
+    perf script -i "$TMP/sched.data" -F trace 2>/dev/null | awk -v per="$1" '
+        {
+            from = $1; sub(/^prev_comm=/, "", from)
+            to = $0; sub(/.*next_comm=/, "", to); sub(/ .*/, "", to)
+            if (from ~ /^swapper/) from = "idle"
+            if (to ~ /^swapper/) to = "idle"
+            how = ($0 ~ /prev_state=R[ +]/) ? "preempted" : "sleeps"
+            c[from " -> " to " (" how ")"]++
+        }
+        END { for (k in c) if (c[k] / per >= 0.01) printf "    %s: %.2f\n", k, c[k] / per }' | sort
+}
 field() { grep -o "\"$1\":[0-9]*" "$TMP/w.out" | cut -d: -f2; }
 for target in ${TARGETS:-direct nginx portico bridge}; do
     backend=$BP
@@ -166,13 +194,25 @@ for target in ${TARGETS:-direct nginx portico bridge}; do
         perf stat -x, -e "$EVENTS" -p "$watched" -o "$TMP/perf.out" -- sleep "$D" &
         PERF=$!
     fi
+    if [[ ${SCHED_TRACE:-0} == 1 ]]; then
+        # 0.5 s from the middle of the run; its requests counted at the run's mean rate.
+        (sleep 1 && perf record -q -e sched:sched_switch -C "$SERVER_CPUS" -o "$TMP/sched.data" \
+            -- sleep 0.5 >/dev/null 2>&1) &
+        TRACE=$!
+    fi
     taskset -c "$LOADGEN_CPUS" wrk -t1 -c"$C" -d"${D}s" -s "$ROOT/benches/mcp.lua" "$url" >"$TMP/w.out"
     b1=$(ns "$backend")
     p1=0
     [[ -n $proxy ]] && p1=$(ns "$proxy")
     n=$(field requests)
+    switches=
+    if [[ ${SCHED_TRACE:-0} == 1 ]]; then
+        wait "$TRACE"
+        switches=$(switch_table $((n / D / 2)))
+    fi
     echo "$target c=$C rps=$((n / D)) p50_us=$(field p50_us) p99_us=$(field p99_us)" \
         "proxy_cpu_us_per_req=$(((p1 - p0) / 1000 / n)) backend_cpu_us_per_req=$(((b1 - b0) / 1000 / n))"
+    [[ -n $switches ]] && echo "  CPU handed over on $SERVER_CPUS, per request:" && echo "$switches"
     if [[ $SYSCALLS == 1 ]]; then
         wait "$PERF"
         read -r u1 s1 < <(ticks "$watched")
