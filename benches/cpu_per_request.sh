@@ -28,7 +28,7 @@
 # more weight keeps a proxy eligible under EEVDF when its backend wakes. SCHED_TRACE=1 records
 # `sched:sched_switch` on SERVER_CPUS for 0.5 s of each target's run (`perf record`) and prints,
 # per request, how often each process gave the CPU to another: preempted (still runnable) or
-# going to sleep. Needs the release build (cargo build --release --bin portico --example
+# going to sleep (SCHED_TRACE needs perf). Needs the release build (cargo build --release --bin portico --example
 # bench_backend), wrk and nginx (SYSCALLS=1: perf and nstat too). Every process it starts is
 # stopped when it exits.
 set -euo pipefail
@@ -49,6 +49,9 @@ if [[ $SYSCALLS == 1 ]]; then
     for need in perf nstat; do
         command -v "$need" >/dev/null || { echo "missing $need (SYSCALLS=1)" >&2; exit 1; }
     done
+fi
+if [[ ${SCHED_TRACE:-0} == 1 ]]; then
+    command -v perf >/dev/null || { echo "missing perf (SCHED_TRACE=1)" >&2; exit 1; }
 fi
 
 die() { echo "cpu_per_request.sh: $*" >&2; exit 1; }
@@ -171,7 +174,7 @@ switch_table() {
             how = ($0 ~ /prev_state=R[ +]/) ? "preempted" : "sleeps"
             c[from " -> " to " (" how ")"]++
         }
-        END { for (k in c) if (c[k] / per >= 0.01) printf "    %s: %.2f\n", k, c[k] / per }' | sort
+        END { if (per < 1) per = 1; for (k in c) if (c[k] / per >= 0.01) printf "    %s: %.2f\n", k, c[k] / per }' | sort
 }
 field() { grep -o "\"$1\":[0-9]*" "$TMP/w.out" | cut -d: -f2; }
 for target in ${TARGETS:-direct nginx portico bridge}; do
@@ -197,7 +200,7 @@ for target in ${TARGETS:-direct nginx portico bridge}; do
     if [[ ${SCHED_TRACE:-0} == 1 ]]; then
         # 0.5 s from the middle of the run; its requests counted at the run's mean rate.
         (sleep 1 && perf record -q -e sched:sched_switch -C "$SERVER_CPUS" -o "$TMP/sched.data" \
-            -- sleep 0.5 >/dev/null 2>&1) &
+            -- sleep 0.5 >/dev/null 2>"$TMP/sched.err") &
         TRACE=$!
     fi
     taskset -c "$LOADGEN_CPUS" wrk -t1 -c"$C" -d"${D}s" -s "$ROOT/benches/mcp.lua" "$url" >"$TMP/w.out"
@@ -209,6 +212,7 @@ for target in ${TARGETS:-direct nginx portico bridge}; do
     if [[ ${SCHED_TRACE:-0} == 1 ]]; then
         wait "$TRACE"
         switches=$(switch_table $((n / D / 2)))
+        [[ -n $switches ]] || switches="    (no sched_switch recorded: $(head -c 200 "$TMP/sched.err"))"
     fi
     echo "$target c=$C rps=$((n / D)) p50_us=$(field p50_us) p99_us=$(field p99_us)" \
         "proxy_cpu_us_per_req=$(((p1 - p0) / 1000 / n)) backend_cpu_us_per_req=$(((b1 - b0) / 1000 / n))"
