@@ -7,7 +7,7 @@
 use crate::common::mock::MockMcp;
 use crate::common::*;
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -762,8 +762,9 @@ async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
     let _ = std::fs::remove_file(&file);
 }
 
-/// Every metric family `/metrics` can export is documented in `deploy/README.md` and in the
-/// README's metrics table, and nothing documented is missing from the exposition.
+/// Every metric family `/metrics` can export is documented, with its labels, in
+/// `deploy/README.md` and in the README's metrics table, and nothing documented is missing from
+/// the exposition.
 #[test]
 fn every_exported_metric_is_documented() {
     use portico::metrics::{BackendMirror, Metrics, Mirrors, Record};
@@ -816,20 +817,57 @@ fn every_exported_metric_is_documented() {
         .map(String::from)
         .collect();
     assert!(exported.len() >= 20, "{exported:?}");
+    // Each family's label names, from its samples (a histogram's `le` is the format's own).
+    let mut labels: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (name, rest) = line.split_once('{').unwrap_or((line, ""));
+        let name = name.split_whitespace().next().unwrap_or(name);
+        let family = ["", "_bucket", "_sum", "_count"]
+            .iter()
+            .filter_map(|suffix| name.strip_suffix(suffix))
+            .find(|f| exported.contains(*f))
+            .unwrap_or_else(|| panic!("a sample of no family: {line}"));
+        let names = labels.entry(family.to_string()).or_default();
+        if let Some((inside, _)) = rest.split_once('}') {
+            names.extend(
+                inside
+                    .split(',')
+                    .filter_map(|pair| pair.split_once('=').map(|(n, _)| n.to_string()))
+                    .filter(|n| n != "le"),
+            );
+        }
+    }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for doc in ["deploy/README.md", "README.md"] {
         let text = std::fs::read_to_string(root.join(doc)).unwrap();
-        let documented: std::collections::BTreeSet<String> = text
+        // | `portico_x` | type | `label`, `label` | meaning |
+        let documented: BTreeMap<String, BTreeSet<String>> = text
             .lines()
-            .filter_map(|l| l.strip_prefix("| `portico_"))
-            .filter_map(|l| l.split('`').next())
-            .map(|n| format!("portico_{n}"))
+            .filter(|l| l.starts_with("| `portico_"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let name = cells[1].trim_matches('`').to_string();
+                let names = cells[3]
+                    .split(',')
+                    .map(|n| n.trim().trim_matches('`').to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                (name, names)
+            })
             .collect();
-        let undocumented: Vec<_> = exported.difference(&documented).collect();
-        let stale: Vec<_> = documented.difference(&exported).collect();
+        let exported_names: BTreeSet<String> = labels.keys().cloned().collect();
+        let documented_names: BTreeSet<String> = documented.keys().cloned().collect();
+        let undocumented: Vec<_> = exported_names.difference(&documented_names).collect();
+        let stale: Vec<_> = documented_names.difference(&exported_names).collect();
         assert!(
             undocumented.is_empty() && stale.is_empty(),
             "{doc}: exported but not documented {undocumented:?}; documented but not exported {stale:?}"
         );
+        for (name, names) in &labels {
+            assert_eq!(
+                &documented[name], names,
+                "{doc}: the labels of {name} (documented, then exported)"
+            );
+        }
     }
 }
