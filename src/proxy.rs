@@ -117,6 +117,7 @@ where
     match parts.method {
         Method::POST => {}
         Method::DELETE => {
+            frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
             return Box::pin(legacy::delete(state, ctx, path, route, &parts.headers)).await;
         }
         // An initialize-era client's notification stream (405 without a session id).

@@ -6,9 +6,13 @@
 //! generation's upstream resources (stdio children, legacy sessions) are released once the last
 //! of them is done, or after the drain time. An invalid file changes nothing: the old config
 //! stays and the log says why. The listener, TLS and HTTP/1 limits are bound at startup; a change
-//! to `[server]` needs a restart (logged).
+//! to `[server]` needs a restart (logged). What is refused for a listener at startup is refused
+//! for it on reload too, judged by the address it is bound to until the restart: `[auth] mode =
+//! "none"` on a listener that is not loopback, an admin listener that is not loopback without a
+//! token (fail closed: README "Security model").
 
 use arc_swap::ArcSwap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,7 +71,9 @@ pub fn reload(
     metrics: Arc<Metrics>,
 ) -> Result<(), String> {
     let config = config::load(path).map_err(|e| e.to_string())?;
-    let old_server = &shared.load().config.server;
+    let current = shared.load();
+    bound_listeners_stay_safe(&config, &current.config)?;
+    let old_server = &current.config.server;
     if config.server.listen != old_server.listen
         || config.server.tls_cert != old_server.tls_cert
         || config.server.header_read_timeout_ms != old_server.header_read_timeout_ms
@@ -77,6 +83,39 @@ pub fn reload(
     let state = State::build(config, metrics).map_err(|e| e.to_string())?;
     let old = shared.swap(Arc::new(state));
     tokio::spawn(retire(old));
+    Ok(())
+}
+
+/// The listeners keep the addresses they were bound to at startup until a restart, so a new
+/// config is judged against those, not against the addresses it names: a reload must not turn
+/// `mode = "none"` on for a public client listener, nor leave a public admin listener without a
+/// token (or without `[admin]`, whose token it checks).
+fn bound_listeners_stay_safe(new: &config::Config, bound: &config::Config) -> Result<(), String> {
+    fn loopback(listen: &str) -> bool {
+        listen
+            .parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback())
+    }
+    if new.auth.mode == config::AuthMode::None
+        && !new.auth.allow_insecure_none
+        && !loopback(&bound.server.listen)
+    {
+        return Err(format!(
+            "auth.mode: \"none\" on the client listener bound to {}, which is not loopback \
+             (a changed server.listen applies only after a restart)",
+            bound.server.listen
+        ));
+    }
+    if let Some(admin) = &bound.admin
+        && !loopback(&admin.listen)
+        && new.admin.as_ref().is_none_or(|a| a.token.is_none())
+    {
+        return Err(format!(
+            "admin: the admin listener bound to {} is not loopback and needs a token \
+             (token_env or token_file); [admin] changes apply only after a restart",
+            admin.listen
+        ));
+    }
     Ok(())
 }
 

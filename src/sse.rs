@@ -155,31 +155,42 @@ impl SseDecoder {
 }
 
 /// Watches relayed SSE bytes for the end of events without holding them: a relay that passes
-/// bytes on untouched still needs to know when a message (not a keep-alive comment) has gone
-/// by, to restart an idle timer. Constant memory, over arbitrary chunk boundaries.
+/// bytes on untouched still needs to know when a message has gone by, to restart an idle timer.
+/// A message is an event with a `data` field; keep-alive comments and events of other fields
+/// only (`event: ping`, `id:`, `retry:`), which carry no message, do not count — a hung tool
+/// behind a chatty transport is still cut (README "Long calls"). Constant memory, over
+/// arbitrary chunk boundaries.
 #[derive(Debug, Clone)]
 pub struct EventEnds {
     /// The next byte starts a line.
     line_start: bool,
     /// The last byte was a CR (a following LF belongs to the same line end).
     after_cr: bool,
-    /// The event being read has a field line (`data:`, `event:`, `id:`), not only comments.
-    has_field: bool,
+    /// How much of `data` the current line has begun with ([`DATA_NOT`]: it is not a data line).
+    matched: u8,
+    /// The event being read has a `data` field.
+    has_data: bool,
 }
+
+/// `EventEnds::matched` of a line that is not (or no longer could be) a `data` field.
+const DATA_NOT: u8 = u8::MAX;
 
 impl Default for EventEnds {
     fn default() -> Self {
         EventEnds {
             line_start: true,
             after_cr: false,
-            has_field: false,
+            matched: DATA_NOT,
+            has_data: false,
         }
     }
 }
 
 impl EventEnds {
-    /// Feeds the next bytes of the stream; `true` when an event with a field ended in them.
+    /// Feeds the next bytes of the stream; `true` when an event with a `data` field ended in
+    /// them.
     pub fn feed(&mut self, chunk: &[u8]) -> bool {
+        const DATA: &[u8] = b"data";
         let mut ended = false;
         for &b in chunk {
             let after_cr = std::mem::replace(&mut self.after_cr, false);
@@ -187,17 +198,33 @@ impl EventEnds {
                 b'\n' if after_cr => {}
                 b'\r' | b'\n' => {
                     if self.line_start {
-                        ended |= self.has_field;
-                        self.has_field = false;
+                        ended |= self.has_data;
+                        self.has_data = false;
+                    } else if usize::from(self.matched) == DATA.len() {
+                        // `data` alone on its line: the field with an empty value.
+                        self.has_data = true;
                     }
+                    self.matched = DATA_NOT;
                     self.line_start = true;
                     self.after_cr = b == b'\r';
                 }
                 _ if self.line_start => {
                     self.line_start = false;
-                    self.has_field |= b != b':';
+                    self.matched = if b == DATA[0] { 1 } else { DATA_NOT };
                 }
-                _ => {}
+                _ if self.matched == DATA_NOT => {}
+                _ => {
+                    let at = usize::from(self.matched);
+                    self.matched = if at == DATA.len() {
+                        // `data:`, or another field whose name starts with `data`.
+                        self.has_data |= b == b':';
+                        DATA_NOT
+                    } else if b == DATA[at] {
+                        self.matched + 1
+                    } else {
+                        DATA_NOT
+                    };
+                }
             }
         }
         ended
@@ -227,6 +254,48 @@ mod tests {
         }
         let mut e = EventEnds::default();
         assert!(!e.feed(b": only\n\n: comments\r\n\r\n"));
+    }
+
+    /// Only an event with a `data` field is a message: events of other fields alone (a
+    /// transport's `event: ping`) do not restart a call's idle clock, wherever the stream splits.
+    #[test]
+    fn only_events_with_data_are_messages() {
+        let count = |stream: &[u8]| {
+            let mut whole = EventEnds::default();
+            let n = usize::from(whole.feed(stream));
+            let mut bytes = EventEnds::default();
+            let split = stream.chunks(1).filter(|b| bytes.feed(b)).count();
+            (n, split)
+        };
+        for quiet in [
+            &b"event: ping\n\n"[..],
+            b"id: 7\r\n\r\n",
+            b"retry: 1000\n\n",
+            b"event: ping\nid: 1\n\n",
+            b"datum: 1\n\n",
+            b"dat\n\n",
+            b"database: x\n\n",
+            b": data: in a comment\n\n",
+        ] {
+            assert_eq!(count(quiet), (0, 0), "{:?}", String::from_utf8_lossy(quiet));
+        }
+        for message in [
+            &b"data: {}\n\n"[..],
+            b"data:{}\r\n\r\n",
+            b"data\n\n",
+            b"event: message\nid: 3\ndata: {}\n\n",
+            b"id: 1\rdata: x\r\r",
+        ] {
+            assert_eq!(
+                count(message),
+                (1, 1),
+                "{:?}",
+                String::from_utf8_lossy(message)
+            );
+        }
+        let mut e = EventEnds::default();
+        assert!(!e.feed(b"event: ping\n\nda"));
+        assert!(e.feed(b"ta: {}\n\n"), "a data field split across chunks");
     }
 
     fn all(input: &[&[u8]]) -> Vec<String> {

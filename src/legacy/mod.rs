@@ -425,7 +425,19 @@ async fn initialize(
         if b.verdict() != crate::backend::Verdict::Legacy {
             continue;
         }
-        match bridge::open(&b, &owner, deadline).await {
+        // Opening the session reaches the backend, so it is admitted as the per-backend step
+        // admits a request: not for a team the backend refuses (its calls would be refused
+        // anyway), not past its concurrency limit or an open breaker. A member left out opens
+        // its session on first use, through the step.
+        if crate::step::may_use(ctx, &b).is_err() {
+            continue;
+        }
+        let Ok(_admission) = b.resilience.admit(&b.name) else {
+            continue;
+        };
+        let opened = bridge::open(&b, &owner, deadline).await;
+        b.resilience.record_result(&opened);
+        match opened {
             Ok(Some((id, v))) => session.up.push((b.name.to_string(), id, v)),
             Ok(None) => {}
             // Not fatal: the session opens on first use (on whichever replica that is).

@@ -331,6 +331,71 @@ async fn a_legacy_session_on_the_endpoint_gets_the_same_checks() {
     s.gw.stop().await;
 }
 
+/// An initialize-era client's `initialize` on an endpoint opens its upstream sessions at once
+/// (so another replica can adopt them) — only on the members the step would admit it to: blue
+/// opens none on `lx`, which only red may use, and red does.
+#[tokio::test]
+async fn a_legacy_initialize_opens_sessions_only_where_the_step_admits() {
+    let l = MockMcp::legacy().start().await;
+    let lx = MockMcp::legacy().start().await;
+    let b = crate::common::secret_file("admission-blue", BLUE_KEY);
+    let rd = crate::common::secret_file("admission-red", RED_KEY);
+    let toml = format!(
+        r#"
+[auth]
+mode = "api_keys"
+[[auth.api_keys]]
+key_file = "{b}"
+principal = "bea"
+team = "blue"
+[[auth.api_keys]]
+key_file = "{rd}"
+principal = "rob"
+team = "red"
+
+[[backends]]
+name = "l"
+url = "{l}"
+protocol = "legacy"
+
+[[backends]]
+name = "lx"
+url = "{lx}"
+protocol = "legacy"
+allow_teams = ["red"]
+
+[[endpoints]]
+path = "/mcp"
+backends = ["l", "lx"]
+"#,
+        b = b.display(),
+        rd = rd.display(),
+        l = l.url(),
+        lx = lx.url(),
+    );
+    let gw = Gateway::start(&toml).await;
+    let url = gw.url("/mcp");
+    let (l0, lx0) = (l.count("initialize"), lx.count("initialize"));
+    legacy_session(&url, BLUE_KEY).await;
+    assert_eq!(
+        l.count("initialize"),
+        l0 + 1,
+        "blue's session on l opens at once"
+    );
+    assert_eq!(
+        lx.count("initialize"),
+        lx0,
+        "lx never sees blue's initialize"
+    );
+    legacy_session(&url, RED_KEY).await;
+    assert_eq!(
+        lx.count("initialize"),
+        lx0 + 1,
+        "red's session on lx opens at once"
+    );
+    gw.stop().await;
+}
+
 /// `portico stdio --config F` (the library entry `main` calls) with blue's credential.
 #[tokio::test]
 async fn portico_stdio_gets_the_same_checks() {

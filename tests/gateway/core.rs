@@ -352,6 +352,22 @@ async fn foreign_origins_are_forbidden() {
     let r = send("POST", &gw.url("/mcp/m"), &h, body.clone()).await;
     assert_eq!(r.status, 200, "loopback origins are allowed by default");
     assert_eq!(mock.count("tools/list"), 1);
+    // Every method that reaches a session, not POST alone: a foreign page neither opens a
+    // legacy stream nor ends a session (the refusal comes before the session id is read).
+    for method in ["GET", "DELETE"] {
+        let h = [
+            ("origin", "https://evil.example"),
+            ("mcp-session-id", "any"),
+        ];
+        let r = send(method, &gw.url("/mcp/m"), &h, "").await;
+        assert_eq!(r.status, 403, "{method}: {:?}", r.body);
+        let h = [
+            ("origin", "http://localhost:6274"),
+            ("mcp-session-id", "any"),
+        ];
+        let r = send(method, &gw.url("/mcp/m"), &h, "").await;
+        assert_ne!(r.status, 403, "{method} from a loopback origin");
+    }
     // A configured allow list replaces the default.
     let gw2 = Gateway::start(&format!(
         "[server]\nallowed_origins = [\"https://app.example\"]\n{}",

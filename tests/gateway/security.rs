@@ -380,6 +380,79 @@ async fn mode_none_is_refused_on_a_public_listener() {
     assert!(portico::config::validate(portico::config::parse(&forced).unwrap()).is_ok());
 }
 
+/// A reload is judged by the listeners bound at startup (a changed `listen` applies only after
+/// a restart): it cannot turn `mode = "none"` on for a client listener that is not loopback,
+/// nor leave an admin listener that is not loopback without a token. Nothing is bound here:
+/// the rules read addresses, and `reload` is called as the watcher calls it.
+#[tokio::test]
+async fn a_reload_cannot_open_a_listener_bound_in_public() {
+    let key = crate::common::secret_file("reload-key", "0123456789abcdef-key");
+    let token = crate::common::secret_file("reload-token", "0123456789abcdef-admin");
+    let config = |listen: &str, auth: &str, admin: &str| {
+        format!(
+            "[server]\nlisten = \"{listen}\"\n{auth}{admin}\
+             [[backends]]\nname = \"a\"\nbuiltin = \"demo\"\n"
+        )
+    };
+    let keys = format!(
+        "[auth]\nmode = \"api_keys\"\n[[auth.api_keys]]\nkey_file = {key:?}\nprincipal = \"p\"\n"
+    );
+    let admin = |listen: &str, token: Option<&std::path::Path>| match token {
+        Some(t) => format!("[admin]\nlisten = \"{listen}\"\ntoken_file = {t:?}\n"),
+        None => format!("[admin]\nlisten = \"{listen}\"\n"),
+    };
+    let start = config(
+        "0.0.0.0:18787",
+        &keys,
+        &admin("0.0.0.0:19091", Some(&token)),
+    );
+    let path = crate::common::secret_file("reload-config", &start);
+    let metrics = std::sync::Arc::new(portico::metrics::Metrics::new());
+    let first = portico::config::load(&path).unwrap();
+    let state = portico::State::build(first, metrics.clone()).unwrap();
+    let shared = std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(state));
+    let reload = |text: String| {
+        std::fs::write(&path, text).unwrap();
+        portico::reload::reload(&path, &shared, metrics.clone())
+    };
+    let public_admin = admin("0.0.0.0:19091", Some(&token));
+
+    // Each of these is a valid file on its own (startup would accept it) but not for the
+    // listeners already bound.
+    let none = reload(config("127.0.0.1:18787", "", &public_admin)).unwrap_err();
+    assert!(
+        none.starts_with("auth.mode:") && none.contains("0.0.0.0:18787"),
+        "{none}"
+    );
+    let no_admin = reload(config("0.0.0.0:18787", &keys, "")).unwrap_err();
+    assert!(
+        no_admin.starts_with("admin:") && no_admin.contains("0.0.0.0:19091"),
+        "{no_admin}"
+    );
+    let tokenless = reload(config(
+        "0.0.0.0:18787",
+        &keys,
+        &admin("127.0.0.1:19091", None),
+    ));
+    assert!(tokenless.unwrap_err().starts_with("admin:"));
+    // Nothing changed: the first generation, its keys and its admin token still hold.
+    let now = shared.load();
+    assert_eq!(now.generation.number, 1);
+    assert!(now.auth.enabled());
+    assert!(now.config.admin.as_ref().is_some_and(|a| a.token.is_some()));
+    drop(now);
+
+    // What stays safe reloads: the same listeners with another backend, or `none` forced by
+    // the operator as at startup.
+    reload(start.replace("name = \"a\"", "name = \"b\"")).unwrap();
+    let forced = "[auth]\nallow_insecure_none = true\n";
+    reload(config("0.0.0.0:18787", forced, &public_admin)).unwrap();
+    assert_eq!(shared.load().generation.number, 3);
+    for file in [key, token, path] {
+        let _ = std::fs::remove_file(file);
+    }
+}
+
 #[tokio::test]
 async fn a_slowloris_connection_is_closed_after_the_header_timeout() {
     let gw = Gateway::start(
