@@ -11,6 +11,7 @@ use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -65,7 +66,10 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(cfg.header_read_timeout_ms))
         .max_buf_size(cfg.max_header_bytes.max(8192));
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
     let builder = Arc::new(builder);
     let limits = h1::Limits {
         header_timeout: Duration::from_millis(cfg.header_read_timeout_ms),
@@ -154,20 +158,121 @@ async fn serve_hyper<I>(
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let idle_limit = Duration::from_millis(shared.load().config.server.header_read_timeout_ms);
+    let idle = Arc::new(Idle::new());
+    let watched = idle.clone();
     let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         if req.uri().path().starts_with("/admin/") {
             req.extensions_mut().insert(PeerAddr(peer));
         }
         // Each request sees one config generation, even across a hot reload.
         let state = shared.load_full();
-        async move { Ok::<_, Infallible>(crate::proxy::handle(state, req).await) }
+        let busy = Busy::enter(&watched);
+        async move {
+            let resp = crate::proxy::handle(state, req).await;
+            Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
+        }
     });
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
-    tokio::select! {
+    let idled = tokio::select! {
         _ = conn.as_mut() => return,
-        _ = stop.wait_for(|s| *s) => {}
-    }
+        _ = stop.wait_for(|s| *s) => false,
+        _ = idle.expired(idle_limit) => true,
+    };
     conn.as_mut().graceful_shutdown();
+    if idled {
+        // HTTP/2's graceful shutdown ends only when the client acknowledges a PING after the
+        // GOAWAY, which a silent client never does: once nothing is in flight, the connection
+        // is dropped.
+        loop {
+            match tokio::time::timeout(idle_limit, conn.as_mut()).await {
+                Ok(_) => return,
+                Err(_) if idle.in_flight.load(Ordering::Acquire) == 0 => return,
+                Err(_) => {}
+            }
+        }
+    }
     let _ = conn.await;
+}
+
+/// Whether a connection hyper serves has had a request in flight lately. hyper's HTTP/1 closes
+/// an idle keep-alive connection after `header_read_timeout`; its HTTP/2 (h2 by ALPN, h2c) keeps
+/// a connection that sends nothing after its preface open for good, each one a socket and a
+/// task. Held to the same bound here: no request in flight for `header_read_timeout_ms` → a
+/// graceful shutdown (GOAWAY; a response still streaming is never cut).
+struct Idle {
+    in_flight: AtomicUsize,
+    since: std::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Idle {
+    fn new() -> Idle {
+        Idle {
+            in_flight: AtomicUsize::new(0),
+            since: std::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+
+    fn last(&self) -> tokio::time::Instant {
+        *self.since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves once no request has been in flight for `limit`.
+    async fn expired(&self, limit: Duration) {
+        loop {
+            let until = self.last() + limit;
+            tokio::time::sleep_until(until).await;
+            if self.in_flight.load(Ordering::Acquire) == 0 && self.last() + limit <= until {
+                return;
+            }
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                // Busy: look again a whole period later (the last response to end resets it).
+                tokio::time::sleep(limit).await;
+            }
+        }
+    }
+}
+
+/// One request in flight on a connection, until its response body is done or dropped.
+struct Busy(Arc<Idle>);
+
+impl Busy {
+    fn enter(idle: &Arc<Idle>) -> Busy {
+        idle.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(idle.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.since.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted as in flight ([`Busy`]) while it streams.
+struct Tracked {
+    body: crate::body::Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BodyError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }

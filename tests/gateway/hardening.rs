@@ -419,6 +419,64 @@ async fn silent_tls_sockets_are_closed_too() {
     gw.stop().await;
 }
 
+/// An HTTP/2 connection (here h2c by prior knowledge, which the lean loop hands to hyper; h2 by
+/// ALPN takes the same path) that sends its preface and then nothing is closed once no request
+/// has been in flight for `header_read_timeout_ms`, as an idle HTTP/1.1 keep-alive is — while
+/// a call that streams for longer than that on another h2 connection is not cut.
+#[tokio::test]
+async fn a_silent_http2_connection_is_closed_and_a_long_one_is_not() {
+    let mock = crate::common::mock::MockMcp::modern().sse().start().await;
+    let gw = Gateway::start(&format!(
+        "[server]\nheader_read_timeout_ms = 300\n[log]\naccess = false\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+        mock.url()
+    ))
+    .await;
+    let mut silent = TcpStream::connect(gw.addr).await.unwrap();
+    // The client preface and an empty SETTINGS frame, then silence.
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let started = Instant::now();
+
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri(gw.url("/mcp/m"));
+    for (k, v) in crate::common::modern_headers("tools/call", Some("slow")) {
+        req = req.header(k, v);
+    }
+    let body = crate::common::modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name":"slow","arguments":{"ms":900}}),
+    );
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let long = tokio::spawn(async move {
+        use http_body_util::BodyExt;
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8_lossy(&bytes).into_owned()
+    });
+
+    let closed = closed_within(&mut silent, Duration::from_secs(5)).await;
+    assert!(closed.is_some(), "a silent h2 connection is still open");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(250), "closed after {took:?}");
+    let answer = tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the long call ends")
+        .unwrap();
+    assert!(answer.contains("\"result\""), "{answer}");
+    gw.stop().await;
+}
+
 fn tls_connector(ca: &std::path::Path) -> tokio_rustls::TlsConnector {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
