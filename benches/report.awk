@@ -37,7 +37,7 @@ function ratio(kind, t, c,    b) {
     else if (t ~ /-py-call$/) { b = kind "-py-call"; dagger = "" }
     # TLS / h2 targets: × nginx against nginx over the same protocol; × direct against the
     # plain-HTTP ceiling (the backend speaks plain HTTP in every case).
-    else if (t ~ /-(tls|h2)$/) { b = (kind == "nginx") ? "nginx" substr(t, index(t, "-")) : "direct"; dagger = "" }
+    else if (t ~ /-(tls|h2)(-base)?$/) { b = (kind == "nginx") ? "nginx" substr(t, index(t, "-")) : "direct"; sub(/-base$/, "", b); dagger = "" }
     else if (t ~ /-py/) { b = (kind == "direct" && (("direct-py", c) in med_rps)) ? "direct-py" : ""; dagger = "" }
     if (!((b, c) in med_rps)) b = ""
     if (b == "" || med_rps[b, c] <= 0) return "–"

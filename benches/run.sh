@@ -13,6 +13,7 @@
 #   BASE_BIN=... TARGETS="nginx portico-trace001 portico-trace001-base" benches/run.sh   # tracing, before/after
 #   BASE_BIN=... TARGETS="nginx portico-verify portico-verify-base" benches/run.sh   # verify_body = "always", before/after
 #   TARGETS="direct nginx-tls portico-tls nginx-h2 portico-h2" benches/run.sh   # TLS: wrk (h1), h2load (h2)
+#   BASE_BIN=... TARGETS="nginx-tls portico-tls portico-tls-base nginx-h2 portico-h2 portico-h2-base" benches/run.sh   # TLS, before/after
 #                                       # before/after: the same pass-through config on another build
 #
 # Every knob is an environment variable; see benches/README.md or the block below.
@@ -29,7 +30,7 @@ DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
 DEFAULT_TARGETS="direct direct-list nginx nginx-list portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-agg-call portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-verify-base portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-agg-call portico-agg-call-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-verify-base portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-agg-call portico-agg-call-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls portico-tls-base nginx-h2 portico-h2 portico-h2-base direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -74,7 +75,7 @@ declare -A T_SERVER=(
     [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
     [nginx-log]=nginxl [portico-log]=passlog
     [direct-py-call]=py [nginx-py-call]=nginxp [portico-py-call]=passp
-    [nginx-tls]=nginxtls [nginx-h2]=nginxtls [portico-tls]=tls [portico-h2]=h2
+    [nginx-tls]=nginxtls [nginx-h2]=nginxtls [portico-tls]=tls [portico-h2]=h2 [portico-tls-base]=tlsbase [portico-h2-base]=h2base
 )
 declare -A T_METHOD=(
     [direct]=tools/call [direct-list]=tools/list [nginx]=tools/call [nginx-list]=tools/list
@@ -85,7 +86,7 @@ declare -A T_METHOD=(
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
     [nginx-log]=tools/call [portico-log]=tools/call
     [direct-py-call]=tools/call [nginx-py-call]=tools/call [portico-py-call]=tools/call
-    [nginx-tls]=tools/call [nginx-h2]=tools/call [portico-tls]=tools/call [portico-h2]=tools/call
+    [nginx-tls]=tools/call [nginx-h2]=tools/call [portico-tls]=tools/call [portico-h2]=tools/call [portico-tls-base]=tools/call [portico-h2-base]=tools/call
 )
 declare -A T_PATH=(
     [direct]=/mcp [direct-list]=/mcp [nginx]=/mcp [nginx-list]=/mcp
@@ -96,7 +97,7 @@ declare -A T_PATH=(
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
     [nginx-log]=/mcp [portico-log]=/mcp/bench
     [direct-py-call]=/mcp [nginx-py-call]=/mcp [portico-py-call]=/mcp/py
-    [nginx-tls]=/mcp [nginx-h2]=/mcp [portico-tls]=/mcp/bench [portico-h2]=/mcp/bench
+    [nginx-tls]=/mcp [nginx-h2]=/mcp [portico-tls]=/mcp/bench [portico-h2]=/mcp/bench [portico-tls-base]=/mcp/bench [portico-h2-base]=/mcp/bench
 )
 # The backend whose /stats must move when the target is probed (cache: must not move).
 declare -A T_BACKEND=(
@@ -106,14 +107,14 @@ declare -A T_BACKEND=(
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
     [nginx-log]=b1 [portico-log]=b1
     [direct-py-call]=py [nginx-py-call]=py [portico-py-call]=py
-    [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1
+    [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1 [portico-tls-base]=b1 [portico-h2-base]=b1
 )
 # The tool a tools/call target calls: `echo` unless named here (an endpoint exposes each member's
 # tools under its prefix; the call is routed to b2, which must see it).
 declare -A T_TOOL=([portico-agg-call]=b2__echo [portico-agg-call-base]=b2__echo)
 tool_of() { echo "${T_TOOL[$1]:-echo}"; }
 # Every portico instance the script can start (one process per configuration).
-INSTANCES="pass base trace1 trace001 trace001base verify verifybase cache redis agg aggc aggbase legacy legacybase passh passp passlog tls h2 pycache"
+INSTANCES="pass base trace1 trace001 trace001base verify verifybase cache redis agg aggc aggbase legacy legacybase passh passp passlog tls h2 tlsbase h2base pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -122,7 +123,7 @@ done
 for c in $CONCURRENCY; do [[ $c =~ ^[1-9][0-9]*$ ]] || die "bad CONCURRENCY value '$c'"; done
 wants() { local s; for t in $TARGETS; do s=${T_SERVER[$t]}; [[ $s == "$1" ]] && return 0; done; return 1; }
 # How a target is loaded: "http" (wrk, plain), "tls" (wrk, HTTP/1.1 over TLS), "h2" (h2load, h2 over TLS).
-proto_of() { case $1 in *-tls) echo tls ;; *-h2) echo h2 ;; *) echo http ;; esac; }
+proto_of() { case $1 in *-tls | *-tls-base) echo tls ;; *-h2 | *-h2-base) echo h2 ;; *) echo http ;; esac; }
 wants_proto() { local t; for t in $TARGETS; do [[ $(proto_of "$t") == "$1" ]] && return 0; done; return 1; }
 WANTS_TLS=0; if wants_proto tls || wants_proto h2; then WANTS_TLS=1; fi
 
@@ -160,7 +161,7 @@ fi
 [[ -x $PORTICO_BIN ]] || die "no portico binary at $PORTICO_BIN"
 [[ -x $BACKEND_BIN ]] || die "no bench backend binary at $BACKEND_BIN"
 if wants hb || wants passh; then [[ -x $HYPER_BIN ]] || die "no hyper backend binary at $HYPER_BIN"; fi
-if wants base || wants legacybase || wants aggbase || wants trace001base || wants verifybase; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base, portico-legacy-base, portico-agg-base, portico-trace001-base and portico-verify-base need BASE_BIN=<another portico binary>"; fi
+if wants base || wants legacybase || wants aggbase || wants trace001base || wants verifybase || wants tlsbase || wants h2base; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base, portico-legacy-base, portico-agg-base, portico-trace001-base, portico-verify-base, portico-tls-base and portico-h2-base need BASE_BIN=<another portico binary>"; fi
 
 # ---------------------------------------------------------------- processes
 TMP=$(mktemp -d /tmp/portico-bench.XXXXXX) || die "mktemp failed"
@@ -223,7 +224,7 @@ portico_conf() {
 listen = "127.0.0.1:$port"
 workers = $WORKERS
 drain_timeout_ms = 1000
-$([[ $name == tls || $name == h2 ]] && printf 'tls_cert = "%s"\ntls_key = "%s"\n' "$TLS_CERT" "$TLS_KEY")
+$([[ $name == tls || $name == h2 || $name == tlsbase || $name == h2base ]] && printf 'tls_cert = "%s"\ntls_key = "%s"\n' "$TLS_CERT" "$TLS_KEY")
 
 [log]
 access = $([[ $ACCESS_LOG == 1 || $name == passlog ]] && echo true || echo false)
@@ -243,7 +244,7 @@ EOF
     esac
     echo
     case $name in
-    pass | base | trace1 | trace001 | trace001base | verify | verifybase | cache | redis | passlog | tls | h2)
+    pass | base | trace1 | trace001 | trace001base | verify | verifybase | cache | redis | passlog | tls | h2 | tlsbase | h2base)
         cat <<EOF
 [[backends]]
 name = "bench"
@@ -289,7 +290,7 @@ EOF
 
 start_portico() { # instance name
     local name=$1 conf=$TMP/portico-$1.toml bin=$PORTICO_BIN
-    [[ $name == base || $name == legacybase || $name == aggbase || $name == trace001base || $name == verifybase ]] && bin=$BASE_BIN
+    [[ $name == base || $name == legacybase || $name == aggbase || $name == trace001base || $name == verifybase || $name == tlsbase || $name == h2base ]] && bin=$BASE_BIN
     pick_port; PORT[$name]=$FREE_PORT
     portico_conf "$name" "$FREE_PORT" >"$conf"
     if ! "$bin" --check --config "$conf" >"$TMP/$name.check" 2>&1; then
@@ -539,7 +540,7 @@ if ((WANTS_TLS)); then
         -keyout "$TLS_KEY" -out "$TLS_CERT" -subj /CN=127.0.0.1 \
         -addext 'subjectAltName=IP:127.0.0.1,DNS:localhost' >"$TMP/tls/openssl.log" 2>&1; then
         DOWN[tls]="no certificate: openssl req failed: $(last_err "$TMP/tls/openssl.log")"
-        DOWN[h2]=${DOWN[tls]} DOWN[nginxtls]=${DOWN[tls]}
+        DOWN[h2]=${DOWN[tls]} DOWN[nginxtls]=${DOWN[tls]} DOWN[tlsbase]=${DOWN[tls]} DOWN[h2base]=${DOWN[tls]}
     fi
 fi
 start_backend b1 --name bench-b1 || die "${DOWN[b1]}"
@@ -815,6 +816,8 @@ inst_desc() {
     passlog) echo "portico-log (pass-through, access log on)" ;;
     tls) echo "portico-tls (pass-through, TLS, HTTP/1.1 load)" ;;
     h2) echo "portico-h2 (pass-through, TLS, h2 load)" ;;
+    tlsbase) echo "portico-tls-base (pass-through, TLS, HTTP/1.1 load, BASE_BIN)" ;;
+    h2base) echo "portico-h2-base (pass-through, TLS, h2 load, BASE_BIN)" ;;
     hb) echo "plain hyper backend (hb)" ;;
     py) echo "Python SDK server (mcp 2.3.0)" ;;
     nginx) echo "nginx (worker processes, summed)" ;;

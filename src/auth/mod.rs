@@ -62,8 +62,8 @@ pub const JWKS_UNKNOWN_KID_MIN_INTERVAL: Duration = Duration::from_secs(10);
 /// (README, Security model).
 const ALGORITHMS: [Algorithm; 3] = [Algorithm::HS256, Algorithm::RS256, Algorithm::ES256];
 
-/// Smallest RSA modulus accepted, in bytes (2048 bits).
-const MIN_RSA_MODULUS_BYTES: usize = 256;
+/// Smallest RSA modulus accepted, in bits.
+const MIN_RSA_MODULUS_BITS: usize = 2048;
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -623,8 +623,13 @@ fn verification_key(jwk: jsonwebtoken::jwk::Jwk) -> Option<Jwk> {
         ),
         AlgorithmParameters::RSA(p) => {
             let (n, e) = (b64(&p.n)?, b64(&p.e)?);
-            let bytes = n.len() - n.iter().take_while(|b| **b == 0).count();
-            if bytes < MIN_RSA_MODULUS_BYTES {
+            // The modulus' length in bits, from its first non-zero byte (a 256-byte modulus
+            // whose top byte is small is still under 2048 bits).
+            let significant = &n[n.iter().take_while(|b| **b == 0).count()..];
+            let bits = significant.first().map_or(0, |top| {
+                (significant.len() - 1) * 8 + (8 - top.leading_zeros() as usize)
+            });
+            if bits < MIN_RSA_MODULUS_BITS {
                 return None;
             }
             let key = DecodingKey::from_rsa_raw_components(&n, &e);

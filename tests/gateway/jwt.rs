@@ -161,11 +161,25 @@ protocol = "modern"
     wrong_aud["aud"] = json!("https://other.example");
     let mut wrong_iss = good.clone();
     wrong_iss["iss"] = json!("https://evil.example");
+    // Required claims: `exp` and `sub` always, `iss` and `aud` because they are configured.
+    let without = |claim: &str| {
+        let mut c = good.clone();
+        c.as_object_mut().unwrap().remove(claim);
+        c
+    };
+    // Beyond `leeway_s = 5`: expired 30 s ago.
+    let mut past_leeway = good.clone();
+    past_leeway["exp"] = json!(now() - 30);
     for (what, claims) in [
         ("expired", expired),
         ("not yet valid", future),
         ("audience", wrong_aud),
         ("issuer", wrong_iss),
+        ("no exp", without("exp")),
+        ("no sub", without("sub")),
+        ("no iss", without("iss")),
+        ("no aud", without("aud")),
+        ("past the leeway", past_leeway),
     ] {
         let r = list_as(&url, &bearer(&keys.es(&claims))).await;
         assert_eq!(r.status, 401, "{what}");
@@ -188,10 +202,16 @@ protocol = "modern"
             .to_vec()
     });
     assert_eq!(list_as(&url, &bearer(&confused)).await.status, 401);
+    // Within the leeway: expired 2 s ago, valid from 2 s ahead.
+    let mut within = good.clone();
+    within["exp"] = json!(now() - 2);
+    within["nbf"] = json!(now() + 2);
+    let r = list_as(&url, &bearer(&keys.es(&within))).await;
+    assert_eq!(r.status, 200, "within leeway_s: {:?}", r.body);
     assert_eq!(
         mock.count("tools/list"),
-        3,
-        "only the three good tokens got through"
+        4,
+        "only the three good tokens and the one within the leeway got through"
     );
     gw.stop().await;
     let _ = std::fs::remove_file(&jwks);
