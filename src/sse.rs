@@ -267,31 +267,23 @@ mod tests {
             let split = stream.chunks(1).filter(|b| bytes.feed(b)).count();
             (n, split)
         };
-        for quiet in [
-            &b"event: ping\n\n"[..],
-            b"id: 7\r\n\r\n",
-            b"retry: 1000\n\n",
-            b"event: ping\nid: 1\n\n",
-            b"datum: 1\n\n",
-            b"dat\n\n",
-            b"database: x\n\n",
-            b": data: in a comment\n\n",
+        for (stream, messages) in [
+            (&b"event: ping\n\n"[..], 0),
+            (b"id: 7\r\n\r\n", 0),
+            (b"retry: 1000\n\n", 0),
+            (b"event: ping\nid: 1\n\n", 0),
+            (b"datum: 1\n\n", 0),
+            (b"dat\n\n", 0),
+            (b"database: x\n\n", 0),
+            (b": data: in a comment\n\n", 0),
+            (b"data: {}\n\n", 1),
+            (b"data:{}\r\n\r\n", 1),
+            (b"data\n\n", 1),
+            (b"event: message\nid: 3\ndata: {}\n\n", 1),
+            (b"id: 1\rdata: x\r\r", 1),
         ] {
-            assert_eq!(count(quiet), (0, 0), "{:?}", String::from_utf8_lossy(quiet));
-        }
-        for message in [
-            &b"data: {}\n\n"[..],
-            b"data:{}\r\n\r\n",
-            b"data\n\n",
-            b"event: message\nid: 3\ndata: {}\n\n",
-            b"id: 1\rdata: x\r\r",
-        ] {
-            assert_eq!(
-                count(message),
-                (1, 1),
-                "{:?}",
-                String::from_utf8_lossy(message)
-            );
+            let text = String::from_utf8_lossy(stream);
+            assert_eq!(count(stream), (messages, messages), "{text:?}");
         }
         let mut e = EventEnds::default();
         assert!(!e.feed(b"event: ping\n\nda"));

@@ -18,21 +18,9 @@ const RED_KEY: &str = "red-key-0123456789abcdef0";
 /// - `d`: nothing listens; its breaker opens after one failure and stays open;
 /// - blue denies `r__secret_*`; red allows `r__*` and `x__*` only.
 fn config(r: &str, x: &str, dead: &str) -> String {
-    let b = crate::common::secret_file("admission-blue", BLUE_KEY);
-    let rd = crate::common::secret_file("admission-red", RED_KEY);
     format!(
         r#"
-[auth]
-mode = "api_keys"
-public_url = "https://gw.example"
-[[auth.api_keys]]
-key_file = "{b}"
-principal = "bea"
-team = "blue"
-[[auth.api_keys]]
-key_file = "{rd}"
-principal = "rob"
-team = "red"
+{keys}public_url = "https://gw.example"
 [[auth.teams]]
 name = "blue"
 tools = {{ deny = ["r__secret_*"] }}
@@ -65,8 +53,21 @@ timeout_ms = 2000
 path = "/mcp"
 backends = ["r", "x", "d"]
 "#,
-        b = b.display(),
-        rd = rd.display(),
+        keys = api_keys(),
+    )
+}
+
+/// `[auth]` with blue's and red's API keys (each in a file of its own), open for more `[auth]`
+/// keys.
+fn api_keys() -> String {
+    let b = crate::common::secret_file("admission-blue", BLUE_KEY);
+    let rd = crate::common::secret_file("admission-red", RED_KEY);
+    format!(
+        "[[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"bea\"\nteam = \"blue\"\n\
+         [[auth.api_keys]]\nkey_file = \"{}\"\nprincipal = \"rob\"\nteam = \"red\"\n\
+         [auth]\nmode = \"api_keys\"\n",
+        b.display(),
+        rd.display()
     )
 }
 
@@ -338,21 +339,9 @@ async fn a_legacy_session_on_the_endpoint_gets_the_same_checks() {
 async fn a_legacy_initialize_opens_sessions_only_where_the_step_admits() {
     let l = MockMcp::legacy().start().await;
     let lx = MockMcp::legacy().start().await;
-    let b = crate::common::secret_file("admission-blue", BLUE_KEY);
-    let rd = crate::common::secret_file("admission-red", RED_KEY);
     let toml = format!(
         r#"
-[auth]
-mode = "api_keys"
-[[auth.api_keys]]
-key_file = "{b}"
-principal = "bea"
-team = "blue"
-[[auth.api_keys]]
-key_file = "{rd}"
-principal = "rob"
-team = "red"
-
+{keys}
 [[backends]]
 name = "l"
 url = "{l}"
@@ -368,8 +357,7 @@ allow_teams = ["red"]
 path = "/mcp"
 backends = ["l", "lx"]
 "#,
-        b = b.display(),
-        rd = rd.display(),
+        keys = api_keys(),
         l = l.url(),
         lx = lx.url(),
     );

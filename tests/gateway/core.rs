@@ -677,23 +677,9 @@ async fn client_credentials_never_reach_the_backend() {
 #[tokio::test]
 async fn http2_clients_are_served() {
     let (_mock, gw) = setup().await;
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .http2_only(true)
-        .build_http();
-    let mut req = http::Request::builder()
-        .method("POST")
-        .uri(gw.url("/mcp/m"));
-    for (k, v) in modern_headers("tools/list", None) {
-        req = req.header(k, v);
-    }
-    let req = req
-        .body(http_body_util::Full::new(bytes::Bytes::from(modern_body(
-            json!(1),
-            "tools/list",
-            json!({}),
-        ))))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
+    let body = modern_body(json!(1), "tools/list", json!({}));
+    let req = modern_request(&gw.url("/mcp/m"), "tools/list", None, body);
+    let resp = h2_client().request(req).await.unwrap();
     assert_eq!(resp.version(), http::Version::HTTP_2);
     assert_eq!(resp.status(), 200);
 }

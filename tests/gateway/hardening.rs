@@ -440,26 +440,15 @@ async fn a_silent_http2_connection_is_closed_and_a_long_one_is_not() {
         .unwrap();
     let started = Instant::now();
 
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .http2_only(true)
-        .build_http();
-    let mut req = http::Request::builder()
-        .method("POST")
-        .uri(gw.url("/mcp/m"));
-    for (k, v) in crate::common::modern_headers("tools/call", Some("slow")) {
-        req = req.header(k, v);
-    }
     let body = crate::common::modern_body(
         json!(1),
         "tools/call",
         json!({"name":"slow","arguments":{"ms":900}}),
     );
-    let req = req
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-        .unwrap();
+    let req = crate::common::modern_request(&gw.url("/mcp/m"), "tools/call", Some("slow"), body);
     let long = tokio::spawn(async move {
         use http_body_util::BodyExt;
-        let resp = client.request(req).await.unwrap();
+        let resp = crate::common::h2_client().request(req).await.unwrap();
         assert_eq!(resp.version(), http::Version::HTTP_2);
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         String::from_utf8_lossy(&bytes).into_owned()

@@ -168,6 +168,28 @@ pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Fu
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// A client that speaks HTTP/2 only (h2c by prior knowledge on `http://` URLs).
+pub fn h2_client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// A 2026-07-28 POST to `url` with the headers of [`modern_headers`], for a hyper client.
+pub fn modern_request(
+    url: &str,
+    method: &str,
+    name: Option<&str>,
+    body: String,
+) -> http::Request<Full<Bytes>> {
+    let mut req = http::Request::builder().method("POST").uri(url);
+    for (k, v) in modern_headers(method, name) {
+        req = req.header(k, v);
+    }
+    req.body(Full::new(Bytes::from(body)))
+        .expect("a valid request")
+}
+
 /// A raw POST/GET/… with exactly the given headers.
 pub async fn send(
     method: &str,
