@@ -303,7 +303,8 @@ pub struct SessionsConfig {
     /// sealed into the `requestState` of calls parked here. A parked call lives in the memory
     /// of the replica that parked it; a retry that lands on another replica is forwarded to
     /// this URL (`/mcp/<backend>`, with the client's credential) once. Absent: such a retry is
-    /// refused with `-32602` (README "Scale-out").
+    /// refused with `-32602` (README "Scale-out"). `${ENV}` expanded (an unset variable is an
+    /// error), so each replica can name its own address.
     pub advertise_url: Option<String>,
 }
 

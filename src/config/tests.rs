@@ -167,3 +167,28 @@ fn env_expansion() {
         "PORTICO_SURELY_UNSET_VAR"
     );
 }
+
+/// `[sessions] advertise_url` takes `${VAR}` (each replica names itself from its environment);
+/// an unset variable, or what is not an http(s) URL with a host, names the key.
+#[test]
+fn advertise_url_is_expanded_and_checked() {
+    let with = |url: &str| {
+        check(&format!(
+            "[sessions]\nadvertise_url = \"{url}\"\n[[backends]]\nname='a'\nbuiltin='demo'\n"
+        ))
+    };
+    // cargo sets CARGO_PKG_NAME for the tests it runs.
+    let c = with("http://${CARGO_PKG_NAME}:8787").unwrap();
+    assert_eq!(
+        c.sessions.advertise_url.as_deref(),
+        Some("http://portico:8787")
+    );
+    for bad in [
+        "http://${PORTICO_SURELY_UNSET_VAR}:8787",
+        "10.0.0.5:8787",
+        "ftp://10.0.0.5/",
+    ] {
+        let err = with(bad).unwrap_err().to_string();
+        assert!(err.starts_with("sessions.advertise_url"), "{bad}: {err}");
+    }
+}

@@ -29,6 +29,26 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
         // An unset variable means "no key configured": a random one is generated (with a warning).
         config.sessions.key = expand_env(key).ok().filter(|k| !k.is_empty());
     }
+    if let Some(url) = &config.sessions.advertise_url {
+        // Each replica names its own address from its environment (`http://${POD_IP}:8787`
+        // in deploy/k8s), so one config serves every replica.
+        let url = expand_env(url).map_err(|v| {
+            invalid(
+                "sessions.advertise_url",
+                format!("environment variable {v} is not set"),
+            )
+        })?;
+        let parsed = url.parse::<http::Uri>().ok().filter(|u| {
+            matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+        });
+        if parsed.is_none() {
+            return Err(invalid(
+                "sessions.advertise_url",
+                format!("{url:?} is not an http:// or https:// URL with a host"),
+            ));
+        }
+        config.sessions.advertise_url = Some(url);
+    }
 
     validate_cache(&mut config.cache)?;
     validate_tracing(&config.tracing)?;

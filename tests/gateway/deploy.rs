@@ -306,13 +306,34 @@ async fn kubernetes_manifests_parse_and_their_config_passes_check() {
     let toml = cm["data"]["portico.toml"]
         .as_str()
         .expect("portico.toml key");
-    let config = portico::config::validate(portico::config::parse(toml).unwrap()).unwrap();
+    // In the pod, POD_IP comes from the downward API (deployment.yaml).
+    let in_pod = toml.replace("${POD_IP}", "10.0.0.5");
+    let config = portico::config::validate(portico::config::parse(&in_pod).unwrap()).unwrap();
     assert!(config.server.listen.starts_with("0.0.0.0:"));
     assert_eq!(config.metrics.as_ref().unwrap().listen, "0.0.0.0:9464");
+    assert_eq!(
+        config.sessions.advertise_url.as_deref(),
+        Some("http://10.0.0.5:8787"),
+        "each pod advertises itself on the client port"
+    );
+    let env: Vec<&str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    for var in ["POD_IP", "PORTICO_SESSION_KEY"] {
+        assert!(env.contains(&var), "the pod sets {var}: {env:?}");
+        assert!(
+            toml.contains(&format!("${{{var}}}")),
+            "the config reads {var}"
+        );
+    }
     let file = temp_file("configmap-portico.toml", toml);
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
         .args(["--check", "--config"])
         .arg(&file)
+        .env("POD_IP", "10.0.0.5")
         .output()
         .await
         .unwrap();
