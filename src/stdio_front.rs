@@ -357,7 +357,13 @@ pub async fn serve_stdio<R, W>(
         }
     }
     drop(out);
-    let _ = writer_task.await;
+    // The last answers go out within the drain time too: a parent that stopped reading stdout
+    // must not keep portico from exiting.
+    let mut writer_task = writer_task;
+    if tokio::time::timeout(drain, &mut writer_task).await.is_err() {
+        tracing::warn!("stdout not drained within the drain time; exiting without it");
+        writer_task.abort();
+    }
 }
 
 /// One stdin line and what it may touch. (A struct so the helpers share the borrows.)

@@ -718,55 +718,55 @@ pub fn union(into: &mut Value, from: &Value) {
     }
 }
 
+/// The longest URI [`template_matches`] reads: a resource URI is short, and the match is linear
+/// in the URI's length per template, on every aggregated `resources/read` a client sends.
+pub const MAX_TEMPLATE_URI_BYTES: usize = 16 * 1024;
+
 /// Whether `uri` could come from an RFC 6570 template: literal text must match exactly; a
 /// `{var}` expression matches any run without `/`, and a reserved (`{+var}`, `{#var}`) or
 /// path-style expression any run at all. Good enough to pick the owner of a URI, which is all
-/// it is used for.
+/// it is used for. One pass per piece over the positions the pieces before it can reach, so
+/// its cost is linear in the URI whatever the template (a backtracking match was exponential in
+/// the number of expressions: a client's long URI could hold a worker for good). A URI over
+/// [`MAX_TEMPLATE_URI_BYTES`] matches no template.
 pub fn template_matches(template: &str, uri: &str) -> bool {
-    enum Piece<'a> {
-        Lit(&'a str),
-        Var { slash: bool },
+    if uri.len() > MAX_TEMPLATE_URI_BYTES {
+        return false;
     }
-    let mut pieces = Vec::new();
+    let bytes = uri.as_bytes();
+    // `at[p]`: the pieces read so far can end at byte `p` of the URI.
+    let mut at = vec![false; bytes.len() + 1];
+    at[0] = true;
     let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        if open > 0 {
-            pieces.push(Piece::Lit(&rest[..open]));
+    let literal = |at: &mut Vec<bool>, lit: &str| {
+        for p in (0..at.len()).rev() {
+            at[p] = p >= lit.len()
+                && at[p - lit.len()]
+                && bytes[p - lit.len()..].starts_with(lit.as_bytes());
         }
+    };
+    loop {
+        let Some(open) = rest.find('{') else {
+            literal(&mut at, rest);
+            return at[bytes.len()];
+        };
+        literal(&mut at, &rest[..open]);
         let Some(close) = rest[open..].find('}') else {
             return false;
         };
-        let expr = &rest[open + 1..open + close];
-        pieces.push(Piece::Var {
-            slash: expr.starts_with(['+', '#', '/', '.', ';', '?', '&']),
-        });
-        rest = &rest[open + close + 1..];
-    }
-    if !rest.is_empty() {
-        pieces.push(Piece::Lit(rest));
-    }
-    fn go(pieces: &[Piece], uri: &str) -> bool {
-        match pieces.split_first() {
-            None => uri.is_empty(),
-            Some((Piece::Lit(l), more)) => uri.strip_prefix(l).is_some_and(|u| go(more, u)),
-            Some((Piece::Var { slash }, more)) => {
-                let mut end = 0;
-                loop {
-                    if go(more, &uri[end..]) {
-                        return true;
-                    }
-                    let Some(c) = uri[end..].chars().next() else {
-                        return false;
-                    };
-                    if c == '/' && !slash {
-                        return false;
-                    }
-                    end += c.len_utf8();
-                }
+        let slash = rest[open + 1..].starts_with(['+', '#', '/', '.', ';', '?', '&']);
+        // A variable extends every reachable end over any run (without `/` unless reserved),
+        // ending on a character boundary.
+        let mut open_run = false;
+        for p in 0..at.len() {
+            open_run |= at[p];
+            at[p] = open_run && uri.is_char_boundary(p);
+            if !slash && bytes.get(p) == Some(&b'/') {
+                open_run = false;
             }
         }
+        rest = &rest[open + close + 1..];
     }
-    go(&pieces, uri)
 }
 
 #[cfg(test)]

@@ -262,4 +262,29 @@ fn templates() {
         "users://42/other"
     ));
     assert!(!template_matches("a{", "a"));
+    assert!(template_matches("x://{a}/{+b}.{c}", "x://é/ü/v.w"));
+    assert!(!template_matches("x://{a}.{b}", "x://a/b.c"));
+    assert!(template_matches("{a}{b}{c}", ""));
+}
+
+/// A template of many expressions against a long URI that almost matches: a backtracking match
+/// takes exponential time here (a client's `resources/read` held a worker); this one is linear.
+/// Run on a thread of its own, waited for with a bound.
+#[test]
+fn templates_match_in_bounded_time() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let template = "x://r{/o}{/r}{/p}{/q}/contents{/s}{/t}{+u}{v}{w}";
+        let uri = format!("x://r{}", "/a".repeat(4000));
+        let long = "x".repeat(MAX_TEMPLATE_URI_BYTES + 1);
+        let _ = tx.send((
+            template_matches(template, &uri),
+            template_matches("{+all}", &long),
+            template_matches("{+all}", &long[1..]),
+        ));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("a match within 20 s");
+    assert_eq!(got, (false, false, true));
 }

@@ -717,3 +717,32 @@ async fn a_strict_backend_gets_its_param_headers() {
         assert_eq!(s.headers["mcp-param-urgent"], "false");
     }
 }
+
+/// A parent that stops reading portico's stdout does not keep `portico stdio` from exiting: at
+/// EOF the answers still unwritten are given up after the drain time. (In process: a 64-byte
+/// pipe nobody reads stands for the parent's full stdout.)
+#[tokio::test]
+async fn eof_exits_even_when_nobody_reads_stdout() {
+    let config = portico::config::validate(
+        portico::config::parse(
+            "[server]\ndrain_timeout_ms = 300\n[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let opts = portico::stdio_front::StdioOptions {
+        endpoint: None,
+        max_line_bytes: None,
+        authorization: None,
+    };
+    let (stdout, _unread) = tokio::io::duplex(64);
+    let mut lines = String::new();
+    for id in 0..20 {
+        lines.push_str(&modern_body(json!(id), "tools/list", json!({})));
+        lines.push('\n');
+    }
+    let stdin = std::io::Cursor::new(lines.into_bytes());
+    let run = portico::stdio_front::run(config, opts, stdin, stdout, std::future::pending());
+    let done = tokio::time::timeout(Duration::from_secs(20), run).await;
+    assert!(done.is_ok(), "portico stdio still running 20 s after EOF");
+}
