@@ -758,9 +758,9 @@ pub fn template_matches(template: &str, uri: &str) -> bool {
         // A variable extends every reachable end over any run (without `/` unless reserved),
         // ending on a character boundary.
         let mut open_run = false;
-        for p in 0..at.len() {
-            open_run |= at[p];
-            at[p] = open_run && uri.is_char_boundary(p);
+        for (p, reach) in at.iter_mut().enumerate() {
+            open_run |= *reach;
+            *reach = open_run && uri.is_char_boundary(p);
             if !slash && bytes.get(p) == Some(&b'/') {
                 open_run = false;
             }
