@@ -466,6 +466,55 @@ async fn a_silent_http2_connection_is_closed_and_a_long_one_is_not() {
     gw.stop().await;
 }
 
+/// A client that asks for a large answer and then stops reading (its window fills) does not
+/// hold its connection for good: the rest of the answer must go within the body clock's rule
+/// (`body_read_timeout_ms` + a second per `body_min_bytes_per_s`), else portico closes. Reading
+/// only afterwards, the client gets part of the answer and the close.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_closed() {
+    let mock = crate::common::mock::MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[server]\nmax_body_bytes = 67108864\nbody_read_timeout_ms = 500\n\
+         body_min_bytes_per_s = 1000000000\n[log]\naccess = false\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n\
+         max_answer_bytes = 67108864\n",
+        mock.url()
+    ))
+    .await;
+    // 24 MiB of answer: more than loopback's socket buffers hold on both sides.
+    let text = "x".repeat(24 << 20);
+    let body = crate::common::modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name":"echo","arguments":{"text": text}}),
+    );
+    let head = format!(
+        "POST /mcp/m HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
+         mcp-method: tools/call\r\nmcp-name: echo\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body.as_bytes()).await.unwrap();
+    // Not reading for well past the bound (0.5 s + 24 MiB at 1 GB/s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = closed_within(&mut tcp, Duration::from_secs(20))
+        .await
+        .expect("portico closed the connection");
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        &got[..got.len().min(60)]
+    );
+    assert!(
+        got.len() < text.len(),
+        "only part of the answer: {} bytes",
+        got.len()
+    );
+    gw.stop().await;
+}
+
 fn tls_connector(ca: &std::path::Path) -> tokio_rustls::TlsConnector {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();

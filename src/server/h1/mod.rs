@@ -385,7 +385,7 @@ impl Conn {
         }
         wbuf.extend_from_slice(b"\r\n");
         let written = if head_only || framing == Framing::None {
-            self.io.write_all(&self.wbuf).await.is_ok()
+            self.write_out().await
         } else {
             self.write_body(body, framing == Framing::Chunked).await
         };
@@ -394,6 +394,36 @@ impl Conn {
             self.wbuf = Vec::with_capacity(WBUF_START);
         }
         written
+    }
+
+    /// Writes all of `wbuf`. The socket almost always takes it at once (one `send`, as a plain
+    /// write would make). When it pushes back — a client reading slowly, or not at all (a zero
+    /// window) — the rest must go within the body clock's rule on this half too:
+    /// `body_read_timeout_ms` plus a second per `body_min_bytes_per_s` bytes left, else the
+    /// connection is closed. A client that stops reading would otherwise hold the connection,
+    /// its task and the backend's answer for good. `false`: not written, close.
+    async fn write_out(&mut self) -> bool {
+        let mut done = 0;
+        while done < self.wbuf.len() {
+            match self.io.try_write(&self.wbuf[done..]) {
+                Ok(0) => return false,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return false,
+            }
+        }
+        if done == self.wbuf.len() {
+            return true;
+        }
+        let left = (self.wbuf.len() - done) as u64;
+        let earned = left.saturating_mul(1000) / self.limits.body_min_rate.max(1);
+        let bound = self.limits.body_timeout + Duration::from_millis(earned);
+        let rest = &self.wbuf[done..];
+        matches!(
+            tokio::time::timeout(bound, self.io.write_all(rest)).await,
+            Ok(Ok(()))
+        )
     }
 
     /// Relays body frames as they come: what is ready goes out in one write (the head included),
@@ -421,7 +451,7 @@ impl Conn {
             .await;
             match step {
                 Step::Flush => {
-                    if self.io.write_all(&self.wbuf).await.is_err() {
+                    if !self.write_out().await {
                         return false;
                     }
                     self.wbuf.clear();
@@ -443,7 +473,7 @@ impl Conn {
                         self.wbuf.extend_from_slice(&data);
                     }
                     if self.wbuf.len() >= WRITE_BATCH {
-                        if self.io.write_all(&self.wbuf).await.is_err() {
+                        if !self.write_out().await {
                             return false;
                         }
                         self.wbuf.clear();
@@ -453,11 +483,11 @@ impl Conn {
                     if chunked {
                         self.wbuf.extend_from_slice(b"0\r\n\r\n");
                     }
-                    return self.io.write_all(&self.wbuf).await.is_ok();
+                    return self.write_out().await;
                 }
                 // A body that broke mid-way cannot be finished: closing tells the client.
                 Step::Frame(Some(Err(_))) | Step::PeerLeft => {
-                    let _ = self.io.write_all(&self.wbuf).await;
+                    let _ = self.write_out().await;
                     return false;
                 }
             }
