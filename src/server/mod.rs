@@ -158,7 +158,16 @@ async fn serve_hyper<I>(
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let idle_limit = Duration::from_millis(shared.load().config.server.header_read_timeout_ms);
+    let (idle_limit, shared_limits) = {
+        let server = &shared.load().config.server;
+        (
+            Duration::from_millis(server.header_read_timeout_ms),
+            (
+                Duration::from_millis(server.body_read_timeout_ms),
+                server.body_min_bytes_per_s,
+            ),
+        )
+    };
     let idle = Arc::new(Idle::new());
     let watched = idle.clone();
     let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
@@ -173,6 +182,8 @@ async fn serve_hyper<I>(
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
         }
     });
+    let server = &shared_limits;
+    let io = WriteBound::new(io, server.0, server.1);
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let idled = tokio::select! {
@@ -194,6 +205,107 @@ async fn serve_hyper<I>(
         }
     }
     let _ = conn.await;
+}
+
+/// The write side of a connection hyper serves, under the body clock's rule as the lean loop's
+/// writes are ([`h1`]): once the socket pushes back, it must take bytes again within
+/// `body_read_timeout_ms` plus a second per `body_min_bytes_per_s` bytes pending, or the write
+/// fails and the connection closes — a TLS or HTTP/2 client that stops reading would otherwise
+/// hold its connection, task and backend answer for good. No timer while writes go through.
+struct WriteBound<I> {
+    inner: I,
+    base: Duration,
+    min_rate: u64,
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<I> WriteBound<I> {
+    fn new(inner: I, base: Duration, min_rate: u64) -> WriteBound<I> {
+        WriteBound {
+            inner,
+            base,
+            min_rate: min_rate.max(1),
+            stalled: None,
+        }
+    }
+
+    /// After the inner write returned `poll`: a pending write starts (or keeps) the clock and
+    /// fails once it runs out; progress stops it.
+    fn clocked<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        pending_bytes: usize,
+        poll: std::task::Poll<std::io::Result<T>>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::task::Poll;
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let (base, rate) = (self.base, self.min_rate);
+        let sleep = self.stalled.get_or_insert_with(|| {
+            let earned = (pending_bytes as u64).saturating_mul(1000) / rate;
+            Box::pin(tokio::time::sleep(base + Duration::from_millis(earned)))
+        });
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client stopped reading",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<I: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteBound<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteBound<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.clocked(cx, buf.len(), poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let pending = bufs.iter().map(|b| b.len()).sum();
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.clocked(cx, pending, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        self.clocked(cx, 0, poll)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.clocked(cx, 0, poll)
+    }
 }
 
 /// Whether a connection hyper serves has had a request in flight lately. hyper's HTTP/1 closes

@@ -468,19 +468,23 @@ async fn a_silent_http2_connection_is_closed_and_a_long_one_is_not() {
 
 /// A client that asks for a large answer and then stops reading (its window fills) does not
 /// hold its connection for good: the rest of the answer must go within the body clock's rule
-/// (`body_read_timeout_ms` + a second per `body_min_bytes_per_s`), else portico closes. Reading
-/// only afterwards, the client gets part of the answer and the close.
+/// (`body_read_timeout_ms` + a second per `body_min_bytes_per_s`), else portico closes — on the
+/// lean plain-HTTP loop and on a TLS connection hyper serves alike. Reading only afterwards,
+/// the client gets part of the answer and the close.
 #[tokio::test]
 async fn a_client_that_stops_reading_is_closed() {
+    let dir = std::env::temp_dir().join(format!("portico-hardening-unread-{}", std::process::id()));
+    let (ca, cert, key) = crate::tls::private_ca(&dir);
     let mock = crate::common::mock::MockMcp::modern().start().await;
-    let gw = Gateway::start(&format!(
-        "[server]\nmax_body_bytes = 67108864\nbody_read_timeout_ms = 500\n\
-         body_min_bytes_per_s = 1000000000\n[log]\naccess = false\n\
-         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n\
-         max_answer_bytes = 67108864\n",
-        mock.url()
-    ))
-    .await;
+    let config = |tls: &str| {
+        format!(
+            "[server]\nmax_body_bytes = 67108864\nbody_read_timeout_ms = 500\n\
+             body_min_bytes_per_s = 1000000000\n{tls}\n[log]\naccess = false\n\
+             [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n\
+             max_answer_bytes = 67108864\n",
+            mock.url()
+        )
+    };
     // 24 MiB of answer: more than loopback's socket buffers hold on both sides.
     let text = "x".repeat(24 << 20);
     let body = crate::common::modern_body(
@@ -488,30 +492,47 @@ async fn a_client_that_stops_reading_is_closed() {
         "tools/call",
         json!({"name":"echo","arguments":{"text": text}}),
     );
-    let head = format!(
-        "POST /mcp/m HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+    let request = format!(
+        "POST /mcp/m HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
          accept: application/json, text/event-stream\r\nmcp-protocol-version: 2026-07-28\r\n\
-         mcp-method: tools/call\r\nmcp-name: echo\r\ncontent-length: {}\r\n\r\n",
+         mcp-method: tools/call\r\nmcp-name: echo\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let mut tcp = TcpStream::connect(gw.addr).await.unwrap();
-    tcp.write_all(head.as_bytes()).await.unwrap();
-    tcp.write_all(body.as_bytes()).await.unwrap();
-    // Not reading for well past the bound (0.5 s + 24 MiB at 1 GB/s).
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let got = closed_within(&mut tcp, Duration::from_secs(20))
-        .await
-        .expect("portico closed the connection");
-    assert!(
-        got.starts_with(b"HTTP/1.1 200"),
-        "{:?}",
-        &got[..got.len().min(60)]
+    async fn unread<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, request: &str, full: usize) {
+        s.write_all(request.as_bytes()).await.unwrap();
+        s.flush().await.unwrap();
+        // Not reading for well past the bound (0.5 s + 24 MiB at 1 GB/s).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let got = closed_within(&mut s, Duration::from_secs(20))
+            .await
+            .expect("portico closed the connection");
+        assert!(
+            got.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            &got[..got.len().min(60)]
+        );
+        assert!(
+            got.len() < full,
+            "only part of the answer: {} bytes",
+            got.len()
+        );
+    }
+    let plain = Gateway::start(&config("")).await;
+    unread(
+        TcpStream::connect(plain.addr).await.unwrap(),
+        &request,
+        text.len(),
+    )
+    .await;
+    plain.stop().await;
+    let tls = format!(
+        "tls_cert = \"{}\"\ntls_key = \"{}\"",
+        cert.display(),
+        key.display()
     );
-    assert!(
-        got.len() < text.len(),
-        "only part of the answer: {} bytes",
-        got.len()
-    );
+    let gw = Gateway::start(&config(&tls)).await;
+    let connector = tls_connector(&ca);
+    unread(tls_connect(&connector, gw.addr).await, &request, text.len()).await;
     gw.stop().await;
 }
 
