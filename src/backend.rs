@@ -239,6 +239,10 @@ impl Health {
 pub struct BridgeState {
     /// One probe at a time per backend.
     pub(crate) probe_lock: tokio::sync::Mutex<()>,
+    /// The last probe's failure and when (`bridge::probe`): the requests that queued behind it
+    /// fail with it instead of each probing again.
+    pub(crate) probe_failed:
+        std::sync::Mutex<Option<(tokio::time::Instant, crate::error::GatewayError)>>,
     /// The upstream legacy sessions, one per owner (a client's authorization context and
     /// declared capabilities, a legacy-client session, or portico itself), capped and reaped
     /// when idle (`crate::pool`).
@@ -273,6 +277,7 @@ impl BridgeState {
     pub fn new(cfg: &BackendConfig) -> BridgeState {
         BridgeState {
             probe_lock: Default::default(),
+            probe_failed: Default::default(),
             pool: Pool::new(
                 cfg.max_upstream_sessions,
                 Duration::from_millis(cfg.upstream_idle_ms),

@@ -112,12 +112,32 @@ pub async fn ensure_verdict(b: &Backend) -> Result<Verdict, GatewayError> {
     Box::pin(probe(b)).await
 }
 
+/// How long a failed probe answers for the backend: the requests that waited behind it (and any
+/// that arrive meanwhile) get its error at once. Without it, k requests queued on an unreachable
+/// `auto` backend waited k probes of `timeout_ms` each, before admission or the breaker.
+pub const PROBE_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn probe(b: &Backend) -> Result<Verdict, GatewayError> {
     let _one = b.bridge.probe_lock.lock().await;
     let v = b.verdict();
     if v != Verdict::Unknown {
         return Ok(v);
     }
+    let failed = &b.bridge.probe_failed;
+    let last = failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some((at, error)) = last
+        && at.elapsed() < PROBE_RETRY_AFTER
+    {
+        return Err(error);
+    }
+    let found = probe_locked(b).await;
+    *failed.lock().unwrap_or_else(|e| e.into_inner()) =
+        found.as_ref().err().map(|e| (Instant::now(), e.clone()));
+    found
+}
+
+/// The probe itself, under the backend's probe lock, its verdict still unknown.
+async fn probe_locked(b: &Backend) -> Result<Verdict, GatewayError> {
     if !matches!(b.transport(), Upstream::Http(_)) && matches!(b.upstream, Upstream::Http(_)) {
         // The URL was found to serve HTTP+SSE before: that transport is initialize-era only.
         b.set_verdict(Verdict::Legacy);

@@ -690,3 +690,41 @@ async fn a_trickling_relay_is_cut_at_the_deadline() {
     );
     gw.stop().await;
 }
+
+/// Requests that queue behind the probe of an `auto` backend that never answers fail with that
+/// probe: each does not probe again in its turn (k requests once waited k × `timeout_ms`, before
+/// admission or the breaker). Counted as the connections the black hole accepts.
+#[tokio::test]
+async fn requests_queued_behind_a_failed_probe_fail_with_it() {
+    let hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = hole.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let keeper = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = hole.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            held.push(tcp); // read nothing, answer nothing
+        }
+    });
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n[[backends]]\nname = \"b\"\nurl = \"http://{addr}/mcp\"\n\
+         timeout_ms = 300\nretries = 0\n"
+    ))
+    .await;
+    let before = accepted.load(Ordering::SeqCst);
+    let calls = (0..5).map(|i| {
+        let url = gw.url("/mcp/b");
+        async move {
+            mcp(&url, json!(i), "tools/call", json!({"name": "echo"}))
+                .await
+                .status
+        }
+    });
+    let statuses = futures_util::future::join_all(calls).await;
+    assert!(statuses.iter().all(|s| *s >= 500), "{statuses:?}");
+    let probes = accepted.load(Ordering::SeqCst) - before;
+    assert!(probes <= 1, "{probes} probes for 5 queued requests");
+    gw.stop().await;
+    keeper.abort();
+}
