@@ -243,11 +243,19 @@ impl BodyClock {
     pub fn deadline(&mut self, received: usize) -> tokio::time::Instant {
         let now = tokio::time::Instant::now();
         let start = *self.start.get_or_insert(now);
-        let earned = std::time::Duration::from_millis(
-            (received as u64).saturating_mul(1000) / self.min_rate,
-        );
-        (start + self.base + earned).min(now + self.pause)
+        (start + body_allowance(self.base, self.min_rate, received)).min(now + self.pause)
     }
+}
+
+/// The body clock's rule for `bytes` (read, or still to write): `base` plus a second per
+/// `min_rate` bytes. The server's writes to a client that reads slowly keep to it too
+/// (`server::h1::Limits::write_allowance`).
+pub fn body_allowance(
+    base: std::time::Duration,
+    min_rate: u64,
+    bytes: usize,
+) -> std::time::Duration {
+    base + std::time::Duration::from_millis((bytes as u64).saturating_mul(1000) / min_rate.max(1))
 }
 
 /// Reads the whole body, never more than `limit` bytes, within `clock`. A declared length over

@@ -108,7 +108,7 @@ pub async fn serve(
                         h1::Outcome::Done => {}
                         h1::Outcome::Handoff(tcp, read) => {
                             let io = h1::Rewind::new(read, tcp);
-                            serve_hyper(&builder, io, shared, peer, stop).await;
+                            serve_hyper(&builder, io, shared, peer, limits, stop).await;
                         }
                     }
                 });
@@ -128,7 +128,7 @@ pub async fn serve(
                             }
                             Err(_) => return,
                         };
-                    serve_hyper(&builder, stream, shared, peer, stop).await;
+                    serve_hyper(&builder, stream, shared, peer, limits, stop).await;
                 });
             }
         }
@@ -154,20 +154,12 @@ async fn serve_hyper<I>(
     io: I,
     shared: Arc<ArcSwap<State>>,
     peer: std::net::SocketAddr,
+    limits: h1::Limits,
     mut stop: watch::Receiver<bool>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (idle_limit, shared_limits) = {
-        let server = &shared.load().config.server;
-        (
-            Duration::from_millis(server.header_read_timeout_ms),
-            (
-                Duration::from_millis(server.body_read_timeout_ms),
-                server.body_min_bytes_per_s,
-            ),
-        )
-    };
+    let idle_limit = limits.header_timeout;
     let idle = Arc::new(Idle::new());
     let watched = idle.clone();
     let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
@@ -182,8 +174,7 @@ async fn serve_hyper<I>(
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
         }
     });
-    let server = &shared_limits;
-    let io = WriteBound::new(io, server.0, server.1);
+    let io = WriteBound::new(io, limits);
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let idled = tokio::select! {
@@ -214,17 +205,15 @@ async fn serve_hyper<I>(
 /// hold its connection, task and backend answer for good. No timer while writes go through.
 struct WriteBound<I> {
     inner: I,
-    base: Duration,
-    min_rate: u64,
+    limits: h1::Limits,
     stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<I> WriteBound<I> {
-    fn new(inner: I, base: Duration, min_rate: u64) -> WriteBound<I> {
+    fn new(inner: I, limits: h1::Limits) -> WriteBound<I> {
         WriteBound {
             inner,
-            base,
-            min_rate: min_rate.max(1),
+            limits,
             stalled: None,
         }
     }
@@ -242,11 +231,10 @@ impl<I> WriteBound<I> {
             self.stalled = None;
             return poll;
         }
-        let (base, rate) = (self.base, self.min_rate);
-        let sleep = self.stalled.get_or_insert_with(|| {
-            let earned = (pending_bytes as u64).saturating_mul(1000) / rate;
-            Box::pin(tokio::time::sleep(base + Duration::from_millis(earned)))
-        });
+        let allowed = self.limits.write_allowance(pending_bytes);
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(allowed)));
         match sleep.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,

@@ -74,6 +74,14 @@ pub struct Limits {
     pub max_body: usize,
 }
 
+impl Limits {
+    /// How long writing `bytes` to a client may take once its socket pushes back: the body
+    /// clock's rule on the write side.
+    pub fn write_allowance(&self, bytes: usize) -> Duration {
+        crate::frontend::body_allowance(self.body_timeout, self.body_min_rate, bytes)
+    }
+}
+
 /// How a connection ended.
 pub enum Outcome {
     /// Closed (by either side, a timeout, a refusal, or the drain).
@@ -416,9 +424,7 @@ impl Conn {
         if done == self.wbuf.len() {
             return true;
         }
-        let left = (self.wbuf.len() - done) as u64;
-        let earned = left.saturating_mul(1000) / self.limits.body_min_rate.max(1);
-        let bound = self.limits.body_timeout + Duration::from_millis(earned);
+        let bound = self.limits.write_allowance(self.wbuf.len() - done);
         let rest = &self.wbuf[done..];
         matches!(
             tokio::time::timeout(bound, self.io.write_all(rest)).await,
