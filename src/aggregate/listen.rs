@@ -68,8 +68,11 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
     // Each URI to the member that serves it.
     let mut uris: Vec<Vec<String>> = vec![Vec::new(); ep.members.len()];
     if let Some(asked) = filter["resourceSubscriptions"].as_array() {
+        // Finding the owners (a walk of the lists for a URI the index does not know) is part
+        // of opening the stream: within the endpoint's timeout, however many URIs are asked.
+        let by = Instant::now() + ep.timeout;
         for uri in asked.iter().filter_map(Value::as_str).take(MAX_URIS) {
-            if let Ok(Some(i)) = resource_owner(req, uri).await
+            if let Ok(Some(i)) = resource_owner(req, uri, by).await
                 && !uris[i].iter().any(|u| u == uri)
             {
                 uris[i].push(uri.to_string());

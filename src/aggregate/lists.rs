@@ -206,15 +206,29 @@ async fn page(
 }
 
 /// Walks a whole list (every page) to refresh the index; used when a call names something the
-/// index does not know yet.
-pub(super) async fn walk(req: &Req<'_>, kind: ListKind) -> Result<(), GatewayError> {
-    let mut targets = None;
-    for _ in 0..MAX_WALK_PAGES {
-        let (merged, _) = page(req, kind, targets).await?;
-        if merged.next.is_empty() {
-            return Ok(());
+/// index does not know yet. Each page has its members' own timeouts, and the walk as a whole
+/// the request's `deadline` (the endpoint's `timeout_ms`): a member that pages slowly must not
+/// hold the request for `MAX_WALK_PAGES` × its timeout.
+pub(super) async fn walk(
+    req: &Req<'_>,
+    kind: ListKind,
+    deadline: tokio::time::Instant,
+) -> Result<(), GatewayError> {
+    let pages = async {
+        let mut targets = None;
+        for _ in 0..MAX_WALK_PAGES {
+            let (merged, _) = page(req, kind, targets).await?;
+            if merged.next.is_empty() {
+                return Ok(());
+            }
+            targets = Some(merged.next);
         }
-        targets = Some(merged.next);
-    }
-    Ok(())
+        Ok(())
+    };
+    tokio::time::timeout_at(deadline, pages)
+        .await
+        .map_err(|_| GatewayError::BackendTimeout {
+            backend: req.ep.path.to_string(),
+            timeout_ms: req.ep.timeout.as_millis() as u64,
+        })?
 }

@@ -672,7 +672,7 @@ async fn call(
     })?;
     let mut owner = ep.owner(kind, name);
     if owner.is_none() && ep.has_bare_member() {
-        walk(req, kind).await?;
+        walk(req, kind, deadline).await?;
         owner = ep.owner(kind, name);
     }
     let Some((i, upstream)) = owner else {
@@ -716,15 +716,19 @@ async fn forward(
 }
 
 /// Finds the member serving a resource URI (see the module doc for the fallback order).
-async fn resource_owner(req: &Req<'_>, uri: &str) -> Result<Option<usize>, GatewayError> {
+async fn resource_owner(
+    req: &Req<'_>,
+    uri: &str,
+    deadline: Instant,
+) -> Result<Option<usize>, GatewayError> {
     if req.ep.members.len() == 1 {
         return Ok(Some(0));
     }
     if let Some(i) = req.ep.uri_owner(uri) {
         return Ok(Some(i));
     }
-    walk(req, ListKind::Resources).await?;
-    walk(req, ListKind::Templates).await?;
+    walk(req, ListKind::Resources, deadline).await?;
+    walk(req, ListKind::Templates, deadline).await?;
     Ok(req.ep.uri_owner(uri))
 }
 
@@ -739,7 +743,7 @@ async fn read(
         .name
         .clone()
         .ok_or_else(|| GatewayError::InvalidParams("params.uri is required".into()))?;
-    let Some(i) = resource_owner(req, &uri).await? else {
+    let Some(i) = resource_owner(req, &uri, deadline).await? else {
         return Err(GatewayError::ResourceNotFound { uri });
     };
     forward(req, ctx, i, req.body.clone(), deadline).await
@@ -759,7 +763,7 @@ async fn complete(
             let name = r["name"].as_str().unwrap_or("");
             let mut owner = req.ep.owner(ListKind::Prompts, name);
             if owner.is_none() && req.ep.has_bare_member() {
-                walk(req, ListKind::Prompts).await?;
+                walk(req, ListKind::Prompts, deadline).await?;
                 owner = req.ep.owner(ListKind::Prompts, name);
             }
             let (i, upstream) = owner
@@ -769,7 +773,7 @@ async fn complete(
         }
         Some("ref/resource") => {
             let uri = r["uri"].as_str().unwrap_or("").to_string();
-            resource_owner(req, &uri)
+            resource_owner(req, &uri, deadline)
                 .await?
                 .ok_or(GatewayError::ResourceNotFound { uri })?
         }

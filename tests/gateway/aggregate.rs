@@ -665,3 +665,46 @@ async fn merged_lists_are_cached_whole_and_dropped_with_any_member() {
     assert_eq!(counts(), [1, 2, 1], "only the changed member asked again");
     gw.stop().await;
 }
+
+/// A call naming a tool the index does not know re-walks the bare members' lists, page by
+/// page, within the request's deadline (the endpoint's `timeout_ms`) as a whole: a member that
+/// pages slowly (six pages of 250 ms here, each within its 600 ms timeout) makes it a 504 at
+/// the deadline. Without the bound the walk ran on to its end (up to 64 pages × the timeout).
+#[tokio::test]
+async fn a_slow_walk_for_an_unknown_name_ends_at_the_deadline() {
+    let a = MockMcp::modern()
+        .page_size(1)
+        .list_delay(Duration::from_millis(250))
+        .start()
+        .await;
+    let b = MockMcp::modern().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n\
+         [[backends]]\nname = \"a\"\nurl = \"{}\"\ntimeout_ms = 600\n\
+         [[backends]]\nname = \"b\"\nurl = \"{}\"\ntimeout_ms = 600\n\
+         [[endpoints]]\npath = \"/mcp\"\nbackends = [{{name = 'a', prefix = ''}}, 'b']\n",
+        a.url(),
+        b.url()
+    ))
+    .await;
+    let started = Instant::now();
+    let r = mcp(
+        &gw.url("/mcp"),
+        json!(3),
+        "tools/call",
+        json!({"name": "nosuch", "arguments": {}}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{:?}", r.body);
+    assert_eq!(r.json()["id"], 3);
+    assert!(
+        took >= Duration::from_millis(550) && took < Duration::from_millis(1400),
+        "{took:?}"
+    );
+    assert!(
+        a.count("tools/list") < 6,
+        "the walk stopped at the deadline"
+    );
+    gw.stop().await;
+}

@@ -59,6 +59,9 @@ enum Fault {
     SseBreaksBetweenEvents,
     /// SSE: half an event, then the connection closes mid-body.
     SseBreaksMidEvent,
+    /// Sessions open and calls are answered, but a long-lived stream (a `subscriptions/listen`
+    /// POST, a session's GET stream) gets no answer at all, not even a head.
+    SilentStreams,
 }
 
 /// The longest a backend here keeps a connection open or keeps writing.
@@ -118,6 +121,11 @@ async fn serve(mut tcp: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) {
         requests.fetch_add(1, Ordering::SeqCst);
         let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let id = &req["id"];
+        let stream = body.is_empty() || req["method"] == "subscriptions/listen";
+        if fault == Fault::SilentStreams && stream {
+            tokio::time::sleep(BACKEND_BOUND).await;
+            return;
+        }
         // An initialize-era session (backend `old`) opens cleanly; what follows is broken.
         let opening = match req["method"].as_str() {
             Some("initialize") => Some(with_length(
@@ -218,6 +226,7 @@ async fn serve(mut tcp: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) {
                 while tcp.write_all(&flood).await.is_ok() {}
                 return;
             }
+            Fault::SilentStreams => with_length(response.as_bytes()),
             Fault::Trickle => {
                 if tcp.write_all(&chunked).await.is_err() {
                     return;
@@ -727,4 +736,53 @@ async fn requests_queued_behind_a_failed_probe_fail_with_it() {
     assert!(probes <= 1, "{probes} probes for 5 queued requests");
     gw.stop().await;
     keeper.abort();
+}
+
+/// A long-lived stream's answer may run for hours, but its head is due within `timeout_ms`
+/// like any other: a backend that never answers a `subscriptions/listen` (passed through, or
+/// bridged to an initialize-era session's GET stream) is a 504 after `timeout_ms`, and a legacy
+/// client's GET stream opens without the change notifications it cannot have. Each waited up
+/// to the stream's 24-hour lifetime before, holding the request's admission slot.
+#[tokio::test]
+async fn a_stream_whose_head_never_comes_fails_after_timeout_ms() {
+    let backend = backend(Fault::SilentStreams).await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n\
+         [[backends]]\nname = \"new\"\nurl = \"{url}\"\nprotocol = \"modern\"\ntimeout_ms = 400\n\
+         [[backends]]\nname = \"old\"\nurl = \"{url}\"\nprotocol = \"legacy\"\ntimeout_ms = 400\n",
+        url = backend.url
+    ))
+    .await;
+    let filter = json!({"notifications": {"toolsListChanged": true}});
+    for name in ["new", "old"] {
+        let url = gw.url(&format!("/mcp/{name}"));
+        let started = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            mcp(&url, json!(7), "subscriptions/listen", filter.clone()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no answer to a listen within 5 s"));
+        let took = started.elapsed();
+        assert_eq!(r.status, 504, "{name}: {:?}", r.body);
+        assert_eq!(r.json()["id"], 7, "{name}");
+        assert!(took >= Duration::from_millis(350), "{name}: {took:?}");
+    }
+    // A legacy client's GET stream on the bridged backend: opened without change notifications.
+    let url = gw.url("/mcp/old");
+    let (c, _) = crate::legacy::OldClient::connect(&url, "2025-06-18").await;
+    let headers = [
+        ("mcp-session-id", c.sid.as_str()),
+        ("accept", "text/event-stream"),
+    ];
+    let opened = tokio::time::timeout(
+        Duration::from_secs(5),
+        send_stream("GET", &url, &headers, ""),
+    )
+    .await
+    .expect("the GET stream's head within 5 s");
+    assert_eq!(opened.status(), 200);
+    assert_eq!(opened.headers()["content-type"], "text/event-stream");
+    drop(opened);
+    gw.stop().await;
 }

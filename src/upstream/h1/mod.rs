@@ -276,18 +276,20 @@ impl Conn {
 
 /// Sends one request on a pooled (or new) connection and reads the answer head; the body
 /// streams afterwards from the returned `H1Body`. `encode` writes the whole request (head and
-/// body) into the connection's write buffer.
+/// body) into the connection's write buffer. Connecting, writing and the answer's head are due
+/// by `head`; the body by `deadline` (later only for a long-lived stream).
 pub async fn exchange(
     pool: &Pool,
     addr: &str,
+    head: Instant,
     deadline: Instant,
     encode: impl FnOnce(&mut Vec<u8>),
 ) -> Result<Response<H1Body>, UpstreamError> {
     let mut conn = match pool.checkout() {
         Some(c) => c,
-        None => Conn::connect(addr, deadline).await?,
+        None => Conn::connect(addr, head).await?,
     };
-    conn.sleep.as_mut().reset(deadline);
+    conn.sleep.as_mut().reset(head);
     conn.wbuf.clear();
     conn.got_data = false;
     encode(&mut conn.wbuf);
@@ -314,11 +316,15 @@ pub async fn exchange(
         conn.read_now();
     }
     let mut interim = 0;
-    let head =
+    let parsed =
         match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_head(cx, &mut interim))).await {
             None => return Err(UpstreamError::Timeout),
             Some(r) => r?,
         };
+    if deadline > head {
+        conn.sleep.as_mut().reset(deadline);
+    }
+    let head = parsed;
     let mut body = H1Body {
         conn: Some(conn),
         framing: head.framing,

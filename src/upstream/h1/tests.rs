@@ -144,7 +144,7 @@ fn accept_request(listener: &std::net::TcpListener) -> std::net::TcpStream {
 /// A small POST to `addr` through a fresh pool, answered within five seconds.
 async fn post_to(addr: &str) -> Result<Response<H1Body>, UpstreamError> {
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    exchange(&Pool::new(4), addr, deadline, |out| {
+    exchange(&Pool::new(4), addr, deadline, deadline, |out| {
         out.extend_from_slice(b"POST /mcp HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
     })
     .await

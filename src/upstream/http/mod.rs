@@ -230,6 +230,15 @@ impl HttpUpstream {
         req
     }
 
+    /// When the head of an answer to a request due by `deadline` is due: within `timeout_ms`
+    /// of sending, however long the body may run. Only a long-lived stream (a listen stream, a
+    /// legacy session's GET stream, the invalidation watcher's) has a later `deadline`; a
+    /// backend that never answers one must not hold the caller, and its admission slot, until
+    /// then. Every other request's deadline is its arrival plus `timeout_ms`, already sooner.
+    fn head_due(&self, deadline: Instant) -> Instant {
+        deadline.min(Instant::now() + self.timeout)
+    }
+
     /// Pass-through: `request` + `exchange` in one step. On the lean client the request head is
     /// written straight from the client's headers, with no intermediate `HeaderMap`.
     pub async fn forward(
@@ -270,7 +279,8 @@ impl HttpUpstream {
             }
             h1::encode_end(out, &Method::POST, body);
         };
-        let response = h1::exchange(&self.lean, &self.addr, deadline, encode).await?;
+        let head = self.head_due(deadline);
+        let response = h1::exchange(&self.lean, &self.addr, head, deadline, encode).await?;
         Ok(Exchange {
             response: response.map(UpBody::H1),
             conn: None,
@@ -283,8 +293,9 @@ impl HttpUpstream {
         req: Request<Bytes>,
         deadline: Instant,
     ) -> Result<Exchange, UpstreamError> {
+        let head = self.head_due(deadline);
         if self.tls.is_none() {
-            let response = h1::exchange(&self.lean, &self.addr, deadline, |out| {
+            let response = h1::exchange(&self.lean, &self.addr, head, deadline, |out| {
                 h1::encode(&req, out)
             })
             .await?;
@@ -293,7 +304,7 @@ impl HttpUpstream {
                 conn: None,
             });
         }
-        match tokio::time::timeout_at(deadline, self.exchange_inner(req.map(Full::new))).await {
+        match tokio::time::timeout_at(head, self.exchange_inner(req.map(Full::new))).await {
             Ok(r) => r,
             Err(_) => Err(UpstreamError::Timeout),
         }
