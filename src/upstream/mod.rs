@@ -295,6 +295,80 @@ impl Drop for WarnBudget {
     }
 }
 
+/// What a message link (a stdio child's stdin, an HTTP+SSE session's POSTs) may hold queued
+/// and not yet written, in bytes. A server that stops reading must not make portico keep every
+/// message sent to it meanwhile; beyond this a request is refused at once (503), and a line
+/// portico writes of its own (a cancellation, an answer to a `ping`) is dropped. One message
+/// always fits when nothing is queued, whatever its size.
+pub const MAX_UNWRITTEN_BYTES: usize = 16 * 1024 * 1024;
+
+/// The sending half of a link's outgoing queue, bounded by [`MAX_UNWRITTEN_BYTES`]: a line
+/// counts from when it is queued until its writer has written it (a write the server does not
+/// take counts as long as it waits).
+pub struct LineQueue {
+    tx: tokio::sync::mpsc::UnboundedSender<Bytes>,
+    unwritten: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// The writing half of a [`LineQueue`].
+pub struct LineRx {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Bytes>,
+    unwritten: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Why a line was not queued.
+#[derive(Debug, PartialEq)]
+pub enum Unqueued {
+    /// The server has not taken what was queued before: `MAX_UNWRITTEN_BYTES` wait.
+    Full,
+    /// The writer is gone (the link is closing).
+    Closed,
+}
+
+impl LineQueue {
+    pub fn new() -> (LineQueue, LineRx) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let unwritten = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let rx = LineRx {
+            rx,
+            unwritten: unwritten.clone(),
+        };
+        (LineQueue { tx, unwritten }, rx)
+    }
+
+    /// Queues one line unless the bytes still unwritten would pass the bound.
+    pub fn send(&self, line: Bytes) -> Result<(), Unqueued> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let len = line.len();
+        // One sender (the link's actor) adds; the writer only subtracts, so this check cannot
+        // be raced past the bound.
+        let queued = self.unwritten.load(Relaxed);
+        if queued > 0 && queued + len > MAX_UNWRITTEN_BYTES {
+            return Err(Unqueued::Full);
+        }
+        self.unwritten.fetch_add(len, Relaxed);
+        self.tx.send(line).map_err(|_| Unqueued::Closed)
+    }
+
+    /// Bytes queued and not yet written.
+    pub fn unwritten(&self) -> usize {
+        self.unwritten.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl LineRx {
+    /// The next line to write; `None` once the queue is closed and empty.
+    pub async fn recv(&mut self) -> Option<Bytes> {
+        self.rx.recv().await
+    }
+
+    /// A line of `len` bytes has been written (or given up on): it no longer counts.
+    pub fn written(&self, len: usize) {
+        self.unwritten
+            .fetch_sub(len, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// How a backend is reached.
 pub enum Upstream {
     Http(Arc<http::HttpUpstream>),
@@ -353,6 +427,31 @@ mod tests {
         // A longer budget of the caller's own is kept.
         let c = CallClock::new(start + ms(60_000), ms(400), None);
         assert_eq!(c.after_message(), start + ms(60_000));
+    }
+
+    /// A link's queue holds at most `MAX_UNWRITTEN_BYTES` unwritten, counted until written;
+    /// one line always fits into an empty queue.
+    #[tokio::test]
+    async fn a_line_queue_is_bounded_until_written() {
+        let (q, mut rx) = LineQueue::new();
+        let big = Bytes::from(vec![b'x'; MAX_UNWRITTEN_BYTES + 1]);
+        assert_eq!(q.send(big.clone()), Ok(()), "one line always fits");
+        assert_eq!(q.send(Bytes::from_static(b"{}\n")), Err(Unqueued::Full));
+        let line = rx.recv().await.unwrap();
+        assert_eq!(
+            q.send(Bytes::from_static(b"{}\n")),
+            Err(Unqueued::Full),
+            "taken, not written"
+        );
+        rx.written(line.len());
+        assert_eq!(q.unwritten(), 0);
+        let half = Bytes::from(vec![b'y'; MAX_UNWRITTEN_BYTES / 2]);
+        assert_eq!(q.send(half.clone()), Ok(()));
+        assert_eq!(q.send(half.clone()), Ok(()));
+        assert_eq!(q.send(Bytes::from_static(b"z")), Err(Unqueued::Full));
+        drop(rx);
+        q.unwritten.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(q.send(half), Err(Unqueued::Closed));
     }
 
     #[tokio::test(start_paused = true)]

@@ -102,7 +102,7 @@ impl SseConn {
 }
 
 /// Where the messages of a session go: lines written here are POSTed in order.
-pub type Poster = mpsc::UnboundedSender<Bytes>;
+pub type Poster = super::LineQueue;
 
 /// Opens one session: the GET, then the `endpoint` event (both within `timeout_ms`), and a
 /// poster task for its messages.
@@ -139,7 +139,7 @@ pub async fn connect_within(t: &SseTarget, wait: Duration) -> Result<(SseConn, P
         .await
         .map_err(|_| "no endpoint event before timeout_ms".to_string())??;
     let target = resolve_endpoint(&t.base, &endpoint)?;
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = super::LineQueue::new();
     let mut head = t.extra.clone();
     head.push((
         header::CONTENT_TYPE,
@@ -229,7 +229,7 @@ async fn post_lines(
     target: Uri,
     head: Vec<(HeaderName, HeaderValue)>,
     timeout: Duration,
-    mut rx: mpsc::UnboundedReceiver<Bytes>,
+    mut rx: super::LineRx,
     dead: mpsc::UnboundedSender<String>,
 ) {
     while let Some(line) = rx.recv().await {
@@ -237,7 +237,9 @@ async fn post_lines(
         let mut req = up.request(&HeaderMap::new(), &head, body);
         *req.uri_mut() = target.clone();
         let deadline = Instant::now() + timeout;
-        let why = match up.exchange(req, deadline).await {
+        let sent = up.exchange(req, deadline).await;
+        rx.written(line.len());
+        let why = match sent {
             Ok(ex) => {
                 let status = ex.response.status();
                 // Read the (small) answer so the exchange ends; its content says nothing.

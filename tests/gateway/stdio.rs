@@ -764,3 +764,45 @@ mod bridged {
         gw.stop().await;
     }
 }
+
+/// A child that never reads its stdin: what portico has not written to it is bounded
+/// (`upstream::MAX_UNWRITTEN_BYTES`, 16 MiB). Past it a request is refused at once
+/// (`Overloaded`, a 503) instead of being queued behind the others for good; those queued
+/// time out as ever. Before, every request's line stayed queued while the child lived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_stops_reading_stdin_gets_no_more_than_the_bound_queued() {
+    let up = Arc::new(backend_cmd_with(
+        &["sleep".to_string(), "30".to_string()],
+        "timeout_ms = 500\nmax_call_ms = 500\n",
+    ));
+    let filler = "x".repeat(1024 * 1024);
+    let started = Instant::now();
+    let calls = (0..24).map(|i| {
+        let up = up.clone();
+        let body = tool(json!(i), "echo", json!({ "text": filler }));
+        async move { up.call(body, within(500)).await.err() }
+    });
+    let errors = futures_util::future::join_all(calls).await;
+    let overloaded = errors
+        .iter()
+        .filter(|e| matches!(e, Some(UpstreamError::Overloaded)))
+        .count();
+    let timed_out = errors
+        .iter()
+        .filter(|e| matches!(e, Some(UpstreamError::Timeout)))
+        .count();
+    assert_eq!(overloaded + timed_out, 24, "{errors:?}");
+    // Fifteen lines of just over 1 MiB fit in 16 MiB (one of them half written into the pipe
+    // still counts); the other nine are refused.
+    assert_eq!(overloaded, 9, "{errors:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // Still not reading: a new request that does not fit is refused without waiting.
+    let t = Instant::now();
+    let late = tool(json!("late"), "echo", json!({ "text": filler }));
+    let r = up.call(late, within(2_000)).await;
+    assert!(matches!(r, Err(UpstreamError::Overloaded)), "{:?}", r.err());
+    assert!(t.elapsed() < Duration::from_millis(500));
+    tokio::time::timeout(Duration::from_secs(5), up.shutdown())
+        .await
+        .expect("the child is stopped even with its stdin full");
+}

@@ -3,6 +3,7 @@
 
 use super::wire::{ErrorCode, Incoming, OutResponse, gateway_id, line_of, preview};
 use super::*;
+use crate::upstream::Unqueued;
 
 /// What a handle asks of its actor.
 pub(super) enum Cmd {
@@ -79,7 +80,7 @@ pub(super) enum Link {
     Sse(SseConn, Writer),
 }
 
-pub(super) type Writer = mpsc::UnboundedSender<Bytes>;
+pub(super) type Writer = crate::upstream::LineQueue;
 
 impl Actor {
     pub(super) async fn run(mut self) {
@@ -248,7 +249,7 @@ impl Actor {
             let _ = child.kill().await;
             return End::Exited("stdio pipes missing".into());
         };
-        let (out, wrx) = mpsc::unbounded_channel();
+        let (out, wrx) = crate::upstream::LineQueue::new();
         tokio::spawn(write_lines(stdin, wrx));
         tokio::spawn(log_stderr(stderr, self.name.clone()));
         let mut stdout = LineReader::new(stdout, self.max_line);
@@ -342,12 +343,24 @@ impl Actor {
                     pending.finish(Err(UpstreamError::Restarted));
                     return None;
                 }
-                self.pending.insert(gid, pending);
-                let _ = out.send(line);
+                match out.send(line) {
+                    Ok(()) => {
+                        self.pending.insert(gid, pending);
+                    }
+                    Err(Unqueued::Full) => {
+                        if self.warnings.allow() {
+                            warn!(backend = %self.name, unwritten = out.unwritten(),
+                                "the server is not reading what portico writes to it; request refused");
+                        }
+                        pending.finish(Err(UpstreamError::Overloaded));
+                    }
+                    // The link is closing: the session's end fails what is in flight.
+                    Err(Unqueued::Closed) => {
+                        self.pending.insert(gid, pending);
+                    }
+                }
             }
-            Cmd::Notify(line) => {
-                let _ = out.send(line);
-            }
+            Cmd::Notify(line) => self.write_own(out, line),
             Cmd::Cancel { gid, reason } => {
                 if let Some(p) = self.pending.remove(&gid)
                     && p.cancellable
@@ -356,12 +369,21 @@ impl Actor {
                     let params = json!({"requestId": gid, "reason": reason});
                     let method = "notifications/cancelled";
                     let msg = json!({"jsonrpc": "2.0", "method": method, "params": params});
-                    let _ = out.send(line_of(serde_json::to_vec(&msg).unwrap_or_default()));
+                    self.write_own(out, line_of(serde_json::to_vec(&msg).unwrap_or_default()));
                 }
             }
             Cmd::Shutdown(ack) => return Some(End::Stop(ack)),
         }
         None
+    }
+
+    /// Writes a line no caller waits on (a notification, a cancellation, an answer to the
+    /// server): dropped, and said so, when the server has stopped reading.
+    fn write_own(&mut self, out: &Writer, line: Bytes) {
+        if out.send(line) == Err(Unqueued::Full) && self.warnings.allow() {
+            warn!(backend = %self.name, unwritten = out.unwritten(),
+                "the server is not reading what portico writes to it; a message dropped");
+        }
     }
 
     fn on_stdout(&mut self, line: Line, out: &Writer) {
@@ -451,7 +473,7 @@ impl Actor {
             let error = json!({"code": code::METHOD_NOT_FOUND, "message": NO_SERVER_REQUESTS});
             json!({"jsonrpc": "2.0", "id": id, "error": error})
         };
-        let _ = out.send(line_of(serde_json::to_vec(&reply).unwrap_or_default()));
+        self.write_own(out, line_of(serde_json::to_vec(&reply).unwrap_or_default()));
     }
 
     /// The call a server request made now belongs to: stdio says nothing about it, so only
@@ -506,9 +528,11 @@ impl Actor {
 }
 
 /// Writes queued lines to the child's stdin; ends (closing stdin) when the queue closes.
-pub(super) async fn write_lines(mut stdin: ChildStdin, mut rx: mpsc::UnboundedReceiver<Bytes>) {
+pub(super) async fn write_lines(mut stdin: ChildStdin, mut rx: crate::upstream::LineRx) {
     while let Some(line) = rx.recv().await {
-        if stdin.write_all(&line).await.is_err() {
+        let wrote = stdin.write_all(&line).await;
+        rx.written(line.len());
+        if wrote.is_err() {
             return; // the child is gone; the actor learns that from its exit
         }
     }
