@@ -36,7 +36,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -53,11 +53,15 @@ const FORMAT: &str = "v1";
 const MAGIC: u8 = 0xC1;
 /// After a failed or timed-out call, Redis is skipped for this long, so an unreachable Redis
 /// costs one timeout per second instead of one per request. The connection manager reconnects
-/// in the background meanwhile.
+/// in the background meanwhile (and [`DataConn`] replaces a connection that went silent).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Opening a connection (TCP + TLS + AUTH) may take longer than one call's budget; it runs in
 /// the background and requests don't wait for it.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the subscription is asked whether it is alive (a `PING` on its connection, to be
+/// answered within `CONNECT_TIMEOUT`): a connection that died without a word (a partition, a
+/// Redis host gone) would otherwise leave this replica deaf to invalidations while it lasted.
+const SUBSCRIPTION_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Subscriber reconnect backoff.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -77,9 +81,68 @@ pub(super) struct Found {
     pub stale: Option<Arc<Entry>>,
 }
 
+/// Timed-out calls in a row after which the data connection is replaced (see [`DataConn`]).
+const SILENT_CALLS_BEFORE_RENEWAL: u32 = 2;
+
+/// The data connection. The connection manager reconnects when its connection fails, but not
+/// when it merely stops answering (a partition, a Redis host gone without a word: every call
+/// times out, and would for as long as the socket stays open). So after
+/// [`SILENT_CALLS_BEFORE_RENEWAL`] timed-out calls in a row — with [`RETRY_AFTER`] between
+/// them, at least a second — the manager is replaced by a new one, which connects afresh;
+/// calls already holding the old one finish or time out on it.
+struct DataConn {
+    client: Client,
+    cfg: ::redis::aio::ConnectionManagerConfig,
+    current: std::sync::Mutex<ConnectionManager>,
+    silent: AtomicU32,
+}
+
+impl DataConn {
+    fn new(
+        client: Client,
+        cfg: ::redis::aio::ConnectionManagerConfig,
+    ) -> Result<DataConn, RedisError> {
+        let current = ConnectionManager::new_lazy_with_config(client.clone(), cfg.clone())?;
+        Ok(DataConn {
+            client,
+            cfg,
+            current: std::sync::Mutex::new(current),
+            silent: AtomicU32::new(0),
+        })
+    }
+
+    fn get(&self) -> ConnectionManager {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn answered(&self) {
+        self.silent.store(0, Ordering::Relaxed);
+    }
+
+    fn timed_out(&self) {
+        if self.silent.fetch_add(1, Ordering::Relaxed) + 1 < SILENT_CALLS_BEFORE_RENEWAL {
+            return;
+        }
+        self.silent.store(0, Ordering::Relaxed);
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.cfg.clone()) {
+            Ok(fresh) => {
+                *self
+                    .current
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                tracing::warn!("redis stopped answering on its connection; connecting afresh");
+            }
+            Err(error) => tracing::warn!(%error, "redis: cannot open a new connection"),
+        }
+    }
+}
+
 /// The Redis tier of one cache.
 pub(super) struct Shared {
-    conn: ConnectionManager,
+    data: Arc<DataConn>,
     /// `<prefix>:v1:`
     ns: String,
     channel: String,
@@ -121,12 +184,12 @@ impl Shared {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(RETRY_AFTER);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_cfg)?;
+        let data = Arc::new(DataConn::new(client.clone(), manager_cfg)?);
         let ns = format!("{}:{FORMAT}:", cfg.redis_prefix);
         let window = Duration::from_millis(cfg.max_ttl_ms).min(MAX_WINDOW)
             + Duration::from_millis(cfg.stale_if_error_ms).min(MAX_WINDOW);
         let shared = Shared {
-            conn,
+            data,
             channel: format!("{ns}invalidate"),
             ns,
             instance: random_id(),
@@ -138,7 +201,7 @@ impl Shared {
             alive: watch::channel(()).0,
         };
         // Open the data connection now, in the background, so the first request finds it.
-        let mut warm = shared.conn.clone();
+        let mut warm = shared.data.get();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 CONNECT_TIMEOUT,
@@ -183,7 +246,7 @@ impl Shared {
             .arg(&pub_key)
             .cmd("PTTL")
             .arg(&priv_key);
-        let mut conn = self.conn.clone();
+        let mut conn = self.data.get();
         type Reply = (Vec<Option<Vec<u8>>>, i64, i64);
         let Some((values, pub_ttl, priv_ttl)) =
             self.call(pipe.query_async::<Reply>(&mut conn)).await
@@ -266,7 +329,7 @@ impl Shared {
         .encode();
         let mut cmd = ::redis::cmd("SET");
         cmd.arg(self.entry_key(key)).arg(record).arg("PX").arg(px);
-        let mut conn = self.conn.clone();
+        let mut conn = self.data.get();
         if self.call(cmd.query_async::<()>(&mut conn)).await.is_some() {
             bump(&self.counters.redis_writes);
         }
@@ -305,7 +368,7 @@ impl Shared {
             .arg(&self.channel)
             .arg(message)
             .ignore();
-        let mut conn = self.conn.clone();
+        let data = Arc::clone(&self.data);
         let pending = Arc::clone(&self.pending);
         let counters = Arc::clone(&self.counters);
         let timeout = self.timeout;
@@ -316,12 +379,19 @@ impl Shared {
         tokio::spawn(async move {
             let mut backoff = MIN_BACKOFF;
             loop {
+                // The current connection at each attempt: a silent one is replaced meanwhile.
+                let mut conn = data.get();
                 match tokio::time::timeout(timeout, pipe.query_async::<()>(&mut conn)).await {
                     Ok(Ok(())) => {
+                        data.answered();
                         bump(&counters.redis_published);
                         break;
                     }
-                    _ => bump(&counters.redis_errors),
+                    Ok(Err(e)) if !e.is_timeout() => bump(&counters.redis_errors),
+                    _ => {
+                        data.timed_out();
+                        bump(&counters.redis_errors);
+                    }
                 }
                 if Instant::now() >= give_up {
                     break;
@@ -355,7 +425,7 @@ impl Shared {
             .arg(1)
             .arg("PX")
             .arg(ttl_ms);
-        let mut conn = self.conn.clone();
+        let mut conn = self.data.get();
         self.call(cmd.query_async::<()>(&mut conn)).await.is_some()
     }
 
@@ -364,7 +434,7 @@ impl Shared {
     pub async fn session_revoked(&self, digest: &[u8; 32]) -> Option<bool> {
         let mut cmd = ::redis::cmd("EXISTS");
         cmd.arg(self.revoked_key(digest));
-        let mut conn = self.conn.clone();
+        let mut conn = self.data.get();
         self.call(cmd.query_async::<i64>(&mut conn))
             .await
             .map(|n| n > 0)
@@ -389,13 +459,23 @@ impl Shared {
         }
         let error = match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => {
+                self.data.answered();
                 if self.lock_down().take().is_some() {
                     tracing::info!("redis reachable again; shared cache tier back in use");
                 }
                 return Some(value);
             }
-            Ok(Err(e)) => format!("{:?}: {e}", e.kind()),
-            Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+            Ok(Err(e)) => {
+                if e.is_timeout() {
+                    // The manager's own response timeout: silence all the same.
+                    self.data.timed_out();
+                }
+                format!("{:?}: {e}", e.kind())
+            }
+            Err(_) => {
+                self.data.timed_out();
+                format!("no answer within {} ms", self.timeout.as_millis())
+            }
         };
         bump(&self.counters.redis_errors);
         self.counters.redis_failed(&error); // status page
@@ -447,10 +527,21 @@ async fn subscribe(
             }
             drop(l);
             backoff = MIN_BACKOFF;
-            let mut messages = pubsub.into_on_message();
+            let (mut sink, mut messages) = pubsub.split();
+            let first_check = tokio::time::Instant::now() + SUBSCRIPTION_CHECK_EVERY;
+            let mut check = tokio::time::interval_at(first_check, SUBSCRIPTION_CHECK_EVERY);
             loop {
                 let msg = tokio::select! {
                     m = messages.next() => m,
+                    _ = check.tick() => {
+                        let ping = sink.ping::<::redis::Value>();
+                        if matches!(tokio::time::timeout(CONNECT_TIMEOUT, ping).await, Ok(Ok(_))) {
+                            continue;
+                        }
+                        tracing::warn!(timeout_ms = CONNECT_TIMEOUT.as_millis() as u64,
+                            "the invalidation channel did not answer a ping; subscribing again");
+                        break;
+                    }
                     _ = alive.changed() => return,
                 };
                 let Some(msg) = msg else { break };

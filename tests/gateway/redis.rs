@@ -97,7 +97,7 @@ impl RedisServer {
     /// publishes before a replica listens.
     async fn wait_subscribers(&self, n: i64) {
         let mut c = self.conn().await.expect("connect");
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(15);
         loop {
             let (_, count): (String, i64) = redis::cmd("PUBSUB")
                 .arg("NUMSUB")
@@ -583,4 +583,164 @@ async fn a_merged_page_is_shared_and_dies_with_any_member_on_every_replica() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(counts(), (2, 1), "only the purged member asked again");
+}
+
+/// A TCP relay to Redis that can go silent on the connections that subscribed so far: bytes
+/// stop flowing both ways while both sockets stay open, as in a network partition. Stopped
+/// (with every connection) on drop.
+struct SilentRelay {
+    url: String,
+    /// Each connection's "silent" switch: those that subscribed, and all of them.
+    subscribers: Switches,
+    every: Switches,
+    task: tokio::task::JoinHandle<()>,
+}
+
+type Switches =
+    std::sync::Arc<std::sync::Mutex<Vec<std::sync::Arc<std::sync::atomic::AtomicBool>>>>;
+
+impl Drop for SilentRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SilentRelay {
+    async fn start(redis: &RedisServer) -> SilentRelay {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let upstream = format!("127.0.0.1:{}", redis.port);
+        let subscribers: Switches = Arc::default();
+        let list = subscribers.clone();
+        let every: Switches = Arc::default();
+        let all = every.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let silent = Arc::new(AtomicBool::new(false));
+                all.lock().unwrap().push(silent.clone());
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let (up_silent, list) = (silent.clone(), list.clone());
+                conns.spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    let mut listed = false;
+                    while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                        let data = &buf[..n];
+                        if !listed
+                            && data
+                                .windows(9)
+                                .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+                        {
+                            listed = true;
+                            list.lock().unwrap().push(up_silent.clone());
+                        }
+                        if up_silent.load(Ordering::SeqCst) {
+                            std::future::pending::<()>().await;
+                        }
+                        if sw.write_all(data).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                conns.spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                        if silent.load(Ordering::SeqCst) {
+                            std::future::pending::<()>().await;
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        SilentRelay {
+            url,
+            subscribers,
+            every,
+            task,
+        }
+    }
+
+    /// Every connection so far goes silent (new ones still pass).
+    fn silence_all(&self) {
+        for s in self.every.lock().unwrap().iter() {
+            s.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Every connection that has subscribed so far goes silent.
+    fn silence_subscribers(&self) -> usize {
+        let list = self.subscribers.lock().unwrap();
+        for s in list.iter() {
+            s.store(true, Ordering::SeqCst);
+        }
+        list.len()
+    }
+}
+
+/// Connections that die without a word (a partition: nothing closes, nothing answers) are
+/// found out and replaced. The subscription, by its ping: the replica subscribes again, and an
+/// invalidation published afterwards reaches it (before, it waited on the dead connection for
+/// good and served its local copies past every purge). The data connection, by two timed-out
+/// calls in a row: the replica reads shared entries again (before, every call timed out for as
+/// long as the socket stayed open, since the connection manager reconnects only on errors).
+#[tokio::test]
+async fn silently_dead_redis_connections_are_replaced() {
+    let redis = RedisServer::start().await;
+    let relay = SilentRelay::start(&redis).await;
+    let mock = MockMcp::modern()
+        .ttl_ms(Some(600_000))
+        .cache_scope(Some("public"))
+        .start()
+        .await;
+    let a = Gateway::start(&config(&mock.url(), &redis, 1000)).await;
+    let b_config = config(&mock.url(), &redis, 1000).replace(&redis.url(), &relay.url);
+    let b = Gateway::start(&b_config).await;
+    redis.wait_subscribers(2).await;
+    list(&a, 1, None).await;
+    list(&b, 2, None).await;
+    list(&b, 3, None).await;
+    assert_eq!(mock.count("tools/list"), 1, "B holds the entry locally");
+    assert_eq!(
+        relay.silence_subscribers(),
+        1,
+        "B's subscription goes silent"
+    );
+    // Redis still counts the silent connection; B's new one makes three.
+    redis.wait_subscribers(3).await;
+    let r = send("POST", &a.admin_url("/admin/cache/purge"), &[], "").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut id = 10;
+    while mock.count("tools/list") < 2 {
+        assert!(Instant::now() < deadline, "the purge never reached B");
+        list(&b, id, None).await;
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Now every connection of B's goes silent, the data connection too.
+    relay.silence_all();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    loop {
+        let cursor = json!({"cursor": format!("after-{n}")});
+        list_with(&a, 100 + n, None, cursor.clone()).await;
+        let before = mock.count("tools/list");
+        list_with(&b, 200 + n, None, cursor).await;
+        if mock.count("tools/list") == before {
+            break; // B was answered from Redis
+        }
+        assert!(Instant::now() < deadline, "B never read from Redis again");
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
