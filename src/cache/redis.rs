@@ -87,13 +87,14 @@ const SILENT_CALLS_BEFORE_RENEWAL: u32 = 2;
 /// The data connection. The connection manager reconnects when its connection fails, but not
 /// when it merely stops answering (a partition, a Redis host gone without a word: every call
 /// times out, and would for as long as the socket stays open). So after
-/// [`SILENT_CALLS_BEFORE_RENEWAL`] timed-out calls in a row — with [`RETRY_AFTER`] between
-/// them, at least a second — the manager is replaced by a new one, which connects afresh;
-/// calls already holding the old one finish or time out on it.
+/// [`SILENT_CALLS_BEFORE_RENEWAL`] timed-out calls in a row the manager is replaced by a new
+/// one, which connects afresh — at most once per [`RETRY_AFTER`], however many calls in
+/// flight time out together; calls already holding the old one finish or time out on it.
 struct DataConn {
     client: Client,
     cfg: ::redis::aio::ConnectionManagerConfig,
-    current: std::sync::Mutex<ConnectionManager>,
+    /// The manager, and when it was made.
+    current: std::sync::Mutex<(ConnectionManager, Instant)>,
     silent: AtomicU32,
 }
 
@@ -106,16 +107,19 @@ impl DataConn {
         Ok(DataConn {
             client,
             cfg,
-            current: std::sync::Mutex::new(current),
+            current: std::sync::Mutex::new((current, Instant::now())),
             silent: AtomicU32::new(0),
         })
     }
 
-    fn get(&self) -> ConnectionManager {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (ConnectionManager, Instant)> {
         self.current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    }
+
+    fn get(&self) -> ConnectionManager {
+        self.lock().0.clone()
     }
 
     fn answered(&self) {
@@ -126,13 +130,14 @@ impl DataConn {
         if self.silent.fetch_add(1, Ordering::Relaxed) + 1 < SILENT_CALLS_BEFORE_RENEWAL {
             return;
         }
+        let mut current = self.lock();
+        if current.1.elapsed() < RETRY_AFTER {
+            return; // renewed a moment ago: these timed out on the old one
+        }
         self.silent.store(0, Ordering::Relaxed);
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.cfg.clone()) {
             Ok(fresh) => {
-                *self
-                    .current
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                *current = (fresh, Instant::now());
                 tracing::warn!("redis stopped answering on its connection; connecting afresh");
             }
             Err(error) => tracing::warn!(%error, "redis: cannot open a new connection"),
