@@ -153,6 +153,39 @@ fn tools(r: &Resp) -> serde_json::Value {
     r.json()["result"]["tools"].clone()
 }
 
+/// An admin purge on `a`: `b` (which held the list locally, fetched once) drops its copy when
+/// the message arrives (asynchronously: polled, 5 s at most) and refetches from the backend.
+async fn purge_reaches(a: &Gateway, b: &Gateway, mock: &crate::common::mock::MockHandle) {
+    let r = send("POST", &a.admin_url("/admin/cache/purge"), &[], "").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut id = 10;
+    while mock.count("tools/list") < 2 {
+        assert!(Instant::now() < deadline, "the purge never reached B");
+        list(b, id, None).await;
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (20 s at most) until a key `a` fetches is a Redis hit on `b`: both use Redis again.
+async fn shared_again(a: &Gateway, b: &Gateway, mock: &crate::common::mock::MockHandle, tag: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    loop {
+        let cursor = json!({"cursor": format!("{tag}-{n}")});
+        list_with(a, 100 + n, None, cursor.clone()).await;
+        let before = mock.count("tools/list");
+        list_with(b, 200 + n, None, cursor).await;
+        if mock.count("tools/list") == before {
+            return; // B was answered from Redis
+        }
+        assert!(Instant::now() < deadline, "B never read from Redis again");
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_public_list_fetched_by_one_replica_is_served_by_the_other() {
     let redis = RedisServer::start().await;
@@ -295,17 +328,8 @@ async fn an_admin_purge_on_one_replica_reaches_the_other() {
     list(&b, 2, None).await;
     list(&b, 3, None).await;
     assert_eq!(mock.count("tools/list"), 1, "B holds the entry locally now");
-    let r = send("POST", &a.admin_url("/admin/cache/purge"), &[], "").await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    // B drops its local copy when the message arrives (asynchronously: poll).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut id = 10;
-    while mock.count("tools/list") < 2 {
-        assert!(Instant::now() < deadline, "B never dropped its local entry");
-        list(&b, id, None).await;
-        id += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // B drops its local copy when the message arrives.
+    purge_reaches(&a, &b, &mock).await;
     assert_eq!(mock.count("tools/list"), 2, "one refetch, by B");
     // A's local tier was purged too; B's refetch is in Redis for it.
     list(&a, 100, None).await;
@@ -453,23 +477,7 @@ async fn replicas_answer_while_redis_hangs_or_is_down_and_use_it_again_after() {
 
     // Back: the replicas reconnect by themselves; a key A fetches is soon a Redis hit on B.
     redis.spawn().await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut n = 0;
-    loop {
-        let cursor = json!({"cursor": format!("back-{n}")});
-        list_with(&a, 100 + n, None, cursor.clone()).await;
-        let before = mock.count("tools/list");
-        list_with(&b, 200 + n, None, cursor).await;
-        if mock.count("tools/list") == before {
-            break; // B was answered from Redis
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the replicas never used Redis again"
-        );
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    shared_again(&a, &b, &mock, "back").await;
 }
 
 /// An invalidated record stays dead even when Redis loses the generation keys (expiry, or
@@ -717,30 +725,8 @@ async fn silently_dead_redis_connections_are_replaced() {
     );
     // Redis still counts the silent connection; B's new one makes three.
     redis.wait_subscribers(3).await;
-    let r = send("POST", &a.admin_url("/admin/cache/purge"), &[], "").await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut id = 10;
-    while mock.count("tools/list") < 2 {
-        assert!(Instant::now() < deadline, "the purge never reached B");
-        list(&b, id, None).await;
-        id += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    purge_reaches(&a, &b, &mock).await;
     // Now every connection of B's goes silent, the data connection too.
     relay.silence_all();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut n = 0;
-    loop {
-        let cursor = json!({"cursor": format!("after-{n}")});
-        list_with(&a, 100 + n, None, cursor.clone()).await;
-        let before = mock.count("tools/list");
-        list_with(&b, 200 + n, None, cursor).await;
-        if mock.count("tools/list") == before {
-            break; // B was answered from Redis
-        }
-        assert!(Instant::now() < deadline, "B never read from Redis again");
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    shared_again(&a, &b, &mock, "after").await;
 }

@@ -22,6 +22,8 @@
 //! - Nothing the child writes can panic portico or grow memory without bound: stdout lines are
 //!   capped at `max_line_bytes` (the rest of a longer line is discarded as it streams), bad
 //!   lines are logged and skipped, and per-request queues drop progress rather than grow.
+//! - Nor can a child that stops reading: what is queued for its stdin and not yet written is
+//!   bounded (`upstream::MAX_UNWRITTEN_BYTES`); beyond it requests are refused at once.
 //! - The child never waits on us: server-initiated requests are answered at once.
 
 use bytes::Bytes;
