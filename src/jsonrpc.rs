@@ -44,12 +44,15 @@ impl RequestId {
         RequestId::of(Raw::from(raw))
     }
 
-    /// [`RequestId::from_raw`] for a member's value read by [`parse_members`].
+    /// [`RequestId::from_raw`] for a member's value read by [`parse_members`]. An integer must
+    /// fit 64 bits (signed or not), as [`RequestId::from_value`] requires: a longer one could
+    /// not be echoed exactly by a message built with serde_json (it would come back as a float,
+    /// or `null`), so it is refused as an invalid id rather than answered under another.
     pub fn of(raw: Raw<'_>) -> Option<RequestId> {
         let text = raw.get();
         let valid = match text.as_bytes().first() {
             Some(b'"') => true,
-            Some(b'-' | b'0'..=b'9') => !text.contains(['.', 'e', 'E']),
+            Some(b'-' | b'0'..=b'9') => text.parse::<i64>().is_ok() || text.parse::<u64>().is_ok(),
             _ => false,
         };
         valid.then(|| RequestId(text.into()))

@@ -40,6 +40,26 @@ fn envelope_rejects_what_it_must() {
         env(r#"{"jsonrpc":"2.0","id":1.5,"method":"x"}"#).unwrap_err(),
         EnvelopeError::Invalid(..)
     ));
+    // Integers beyond 64 bits could not be echoed exactly: refused, never answered under
+    // another id. Both ends of the 64-bit ranges are ids, and come back as they were written.
+    for big in [
+        "18446744073709551616",
+        "-9223372036854775809",
+        &"9".repeat(400),
+    ] {
+        let text = format!(r#"{{"jsonrpc":"2.0","id":{big},"method":"x"}}"#);
+        assert!(
+            matches!(env(&text).unwrap_err(), EnvelopeError::Invalid(_, None)),
+            "{big}"
+        );
+    }
+    for edge in ["18446744073709551615", "-9223372036854775808", "0", "-1"] {
+        let text = format!(r#"{{"jsonrpc":"2.0","id":{edge},"method":"x"}}"#);
+        let id = env(&text).unwrap().id.expect("an id");
+        let body = crate::jsonrpc::error_body(Some(&id), -32601, "m", None);
+        let back: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(back["id"].to_string(), edge, "echoed exactly");
+    }
     assert!(matches!(
         env(r#"{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}"#).unwrap_err(),
         EnvelopeError::Invalid(..)
