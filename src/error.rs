@@ -67,6 +67,9 @@ pub enum GatewayError {
         token_given: bool,
         /// The Protected Resource Metadata URL for `WWW-Authenticate`.
         resource_metadata: String,
+        /// The challenge's `scope`: `[auth] scopes_supported`, space-separated (empty = left
+        /// out; docs/protocol.md's table of statuses shows both on a 401).
+        scope: String,
     },
     #[error("Forbidden: {0}")]
     Forbidden(String),
@@ -238,6 +241,7 @@ impl GatewayError {
             GatewayError::Unauthorized {
                 token_given,
                 resource_metadata,
+                scope,
                 ..
             } => {
                 let error = if *token_given {
@@ -245,7 +249,11 @@ impl GatewayError {
                 } else {
                     ""
                 };
-                let v = format!("Bearer resource_metadata=\"{resource_metadata}\"{error}");
+                let mut v = format!("Bearer resource_metadata=\"{resource_metadata}\"");
+                if !scope.is_empty() {
+                    v.push_str(&format!(", scope=\"{scope}\""));
+                }
+                v.push_str(error);
                 if let Ok(v) = HeaderValue::from_str(&v) {
                     h.insert(header::WWW_AUTHENTICATE, v);
                 }

@@ -116,6 +116,9 @@ pub struct Auth {
     base_url: String,
     authorization_servers: Vec<String>,
     scopes_supported: Vec<String>,
+    /// The 401 challenge's `scope`: the supported scopes that are valid scope tokens (RFC 6749
+    /// §3.3: no space, `"` or `\`, which would break the quoted string), space-separated.
+    challenge_scope: String,
     /// SHA-256 of each configured key, with who it belongs to.
     api_keys: Vec<([u8; 32], Arc<Principal>)>,
     jwt: Option<Arc<Jwt>>,
@@ -220,6 +223,17 @@ impl Auth {
             base_url: cfg.public_url.clone().unwrap_or(fallback_base_url),
             authorization_servers: cfg.authorization_servers.clone(),
             scopes_supported: cfg.scopes_supported.clone(),
+            challenge_scope: cfg
+                .scopes_supported
+                .iter()
+                .filter(|s| {
+                    !s.is_empty()
+                        && s.bytes()
+                            .all(|b| matches!(b, 0x21 | 0x23..=0x5B | 0x5D..=0x7E))
+                })
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(" "),
             api_keys,
             jwt,
             teams: cfg
@@ -303,6 +317,7 @@ impl Auth {
                 reason: failure.to_string(),
                 token_given: failure != AuthFailure::Missing,
                 resource_metadata: self.metadata_url(path),
+                scope: self.challenge_scope.clone(),
             }
         })
     }

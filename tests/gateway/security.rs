@@ -90,6 +90,38 @@ async fn api_keys_refuse_missing_and_invalid_tokens_with_401() {
     gw.stop().await;
 }
 
+/// A 401's challenge names the scopes the resource supports (`scope="…"` beside
+/// `resource_metadata`, as the digest's table of statuses shows); a configured scope that is no
+/// valid scope token (a `"` would break the quoted string) is left out of it.
+#[tokio::test]
+async fn the_401_challenge_names_the_supported_scopes() {
+    let mock = MockMcp::modern().start().await;
+    let servers = "authorization_servers = [\"https://idp.example\"]";
+    let cfg = api_keys_config(&mock.url(), "").replace(
+        servers,
+        &format!("{servers}\nscopes_supported = [\"mcp:read\", \"bad\\\"scope\", \"mcp:call\"]"),
+    );
+    let gw = Gateway::start(&cfg).await;
+    let url = gw.url("/mcp/m");
+    let missing = mcp(&url, json!(1), "tools/list", json!({})).await;
+    assert_eq!(missing.status, 401);
+    assert_eq!(
+        missing.header("www-authenticate").unwrap(),
+        "Bearer resource_metadata=\"https://gw.example/.well-known/oauth-protected-resource/mcp/m\", \
+         scope=\"mcp:read mcp:call\""
+    );
+    let wrong = list_as(&url, "Bearer not-a-configured-key-at-all").await;
+    assert!(
+        wrong
+            .header("www-authenticate")
+            .unwrap()
+            .ends_with("scope=\"mcp:read mcp:call\", error=\"invalid_token\""),
+        "{:?}",
+        wrong.header("www-authenticate")
+    );
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn protected_resource_metadata_is_served_without_auth() {
     let mock = MockMcp::modern().start().await;
