@@ -277,19 +277,19 @@ impl Conn {
 /// Sends one request on a pooled (or new) connection and reads the answer head; the body
 /// streams afterwards from the returned `H1Body`. `encode` writes the whole request (head and
 /// body) into the connection's write buffer. Connecting, writing and the answer's head are due
-/// by `head`; the body by `deadline` (later only for a long-lived stream).
+/// by `head_by`; the body by `deadline` (later only for a long-lived stream).
 pub async fn exchange(
     pool: &Pool,
     addr: &str,
-    head: Instant,
+    head_by: Instant,
     deadline: Instant,
     encode: impl FnOnce(&mut Vec<u8>),
 ) -> Result<Response<H1Body>, UpstreamError> {
     let mut conn = match pool.checkout() {
         Some(c) => c,
-        None => Conn::connect(addr, head).await?,
+        None => Conn::connect(addr, head_by).await?,
     };
-    conn.sleep.as_mut().reset(head);
+    conn.sleep.as_mut().reset(head_by);
     conn.wbuf.clear();
     conn.got_data = false;
     encode(&mut conn.wbuf);
@@ -316,15 +316,14 @@ pub async fn exchange(
         conn.read_now();
     }
     let mut interim = 0;
-    let parsed =
+    let head =
         match poll_fn(|cx| conn.poll_deadline(cx, |c, cx| c.poll_head(cx, &mut interim))).await {
             None => return Err(UpstreamError::Timeout),
             Some(r) => r?,
         };
-    if deadline > head {
+    if deadline > head_by {
         conn.sleep.as_mut().reset(deadline);
     }
-    let head = parsed;
     let mut body = H1Body {
         conn: Some(conn),
         framing: head.framing,

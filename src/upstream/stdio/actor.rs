@@ -344,7 +344,8 @@ impl Actor {
                     return None;
                 }
                 match out.send(line) {
-                    Ok(()) => {
+                    // Closed: the link is closing, and the session's end fails what is in flight.
+                    Ok(()) | Err(Unqueued::Closed) => {
                         self.pending.insert(gid, pending);
                     }
                     Err(Unqueued::Full) => {
@@ -353,10 +354,6 @@ impl Actor {
                                 "the server is not reading what portico writes to it; request refused");
                         }
                         pending.finish(Err(UpstreamError::Overloaded));
-                    }
-                    // The link is closing: the session's end fails what is in flight.
-                    Err(Unqueued::Closed) => {
-                        self.pending.insert(gid, pending);
                     }
                 }
             }
