@@ -412,11 +412,11 @@ async fn send_raw(
             };
             // A client's answer to the server's own request (bridge::input).
             if crate::protocol::is_response(&body) {
-                st.respond(body).await?;
+                st.respond(body, deadline).await?;
                 return Ok(Reply::accepted());
             }
             if crate::protocol::sniff_id(&body).is_none() {
-                st.notify(body).await?;
+                st.notify(body, deadline).await?;
                 return Ok(Reply::accepted());
             }
             let opts = CallOptions {

@@ -492,7 +492,7 @@ pub(super) async fn initialize(
             }
         }
         (_, Some(s)) => {
-            s.notify(Bytes::from_static(INITIALIZED))
+            s.notify(Bytes::from_static(INITIALIZED), deadline)
                 .await
                 .map_err(|e| upstream_err(b, &e))?;
         }

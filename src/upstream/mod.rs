@@ -297,8 +297,8 @@ impl Drop for WarnBudget {
 
 /// What a message link (a stdio child's stdin, an HTTP+SSE session's POSTs) may hold queued
 /// and not yet written, in bytes. A server that stops reading must not make portico keep every
-/// message sent to it meanwhile; beyond this a request is refused at once (503), and a line
-/// portico writes of its own (a cancellation, an answer to a `ping`) is dropped. One message
+/// message sent to it meanwhile; beyond this a request, or a client's notification or answer to
+/// the server, is refused at once (503), and a line portico writes of its own (a cancellation, an answer to a `ping`) is dropped. One message
 /// always fits when nothing is queued, whatever its size.
 pub const MAX_UNWRITTEN_BYTES: usize = 16 * 1024 * 1024;
 

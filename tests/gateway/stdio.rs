@@ -402,9 +402,10 @@ async fn legacy_server_requests_are_answered_and_errors_map_to_statuses() {
     let reply = up.request(init, within(10_000)).await.unwrap();
     let init = collect(reply).await.unwrap();
     assert_eq!(init[0]["result"]["protocolVersion"], "2025-11-25");
-    up.notify(msg(
-        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
-    ))
+    up.notify(
+        msg(json!({"jsonrpc":"2.0","method":"notifications/initialized"})),
+        within(2_000),
+    )
     .await
     .unwrap();
 
@@ -441,7 +442,9 @@ async fn legacy_server_requests_are_answered_and_errors_map_to_statuses() {
     assert_eq!(asked["method"], "elicitation/create", "{asked}");
     assert_eq!(asked["id"], "srv-2", "{asked}");
     let answer = json!({"jsonrpc":"2.0","id":"srv-2","result":{"action":"decline"}});
-    up.respond(msg(answer.clone())).await.unwrap();
+    up.respond(msg(answer.clone()), within(2_000))
+        .await
+        .unwrap();
     let done = next(&mut msgs).await;
     assert_eq!(done["id"], "t", "{done}");
     assert_eq!(
@@ -802,6 +805,23 @@ async fn a_child_that_stops_reading_stdin_gets_no_more_than_the_bound_queued() {
     let r = up.call(late, within(2_000)).await;
     assert!(matches!(r, Err(UpstreamError::Overloaded)), "{:?}", r.err());
     assert!(t.elapsed() < Duration::from_millis(500));
+    // Nor is a client's notification, or its answer to a server's request, accepted and then
+    // dropped: each is refused like a request.
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/progress",
+        "params": {"progressToken": 1, "progress": 1, "message": filler}});
+    let r = up.call(Bytes::from(note.to_string()), within(2_000)).await;
+    assert!(matches!(r, Err(UpstreamError::Overloaded)), "{:?}", r.err());
+    let answer = json!({"jsonrpc": "2.0", "id": 7, "result": {"filler": filler}});
+    let r = up
+        .respond(Bytes::from(answer.to_string()), within(2_000))
+        .await;
+    assert!(matches!(r, Err(UpstreamError::Overloaded)), "{r:?}");
+    // A small one still fits beside what is queued.
+    let small = json!({"jsonrpc": "2.0", "id": 8, "result": {}});
+    let r = up
+        .respond(Bytes::from(small.to_string()), within(2_000))
+        .await;
+    assert!(r.is_ok(), "{r:?}");
     tokio::time::timeout(Duration::from_secs(5), up.shutdown())
         .await
         .expect("the child is stopped even with its stdin full");

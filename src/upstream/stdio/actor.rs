@@ -12,7 +12,12 @@ pub(super) enum Cmd {
         line: Bytes,
         pending: Pending,
     },
-    Notify(Bytes),
+    /// A client's line (a notification, or an answer to the server's request); `ack` hears
+    /// whether it was queued (or kept for the next child) or refused (`Overloaded`).
+    Notify {
+        line: Bytes,
+        ack: Option<oneshot::Sender<Result<(), UpstreamError>>>,
+    },
     Cancel {
         gid: u64,
         reason: &'static str,
@@ -143,7 +148,12 @@ impl Actor {
                     pending.finish(Err(UpstreamError::Connect(msg.clone())))
                 }
                 Cmd::Shutdown(ack) => end = End::Stop(ack),
-                Cmd::Notify(_) | Cmd::Cancel { .. } => {}
+                Cmd::Notify { ack, .. } => {
+                    if let Some(ack) = ack {
+                        let _ = ack.send(Err(UpstreamError::Connect(msg.clone())));
+                    }
+                }
+                Cmd::Cancel { .. } => {}
             }
         }
         end
@@ -235,6 +245,14 @@ impl Actor {
                     Some(Cmd::Cancel { gid, .. }) => self
                         .backlog
                         .retain(|c| !matches!(c, Cmd::Request { gid: g, .. } if *g == gid)),
+                    // A client's line is kept for the next child, and the client told so now
+                    // rather than after the backoff.
+                    Some(Cmd::Notify { line, ack }) => {
+                        if let Some(ack) = ack {
+                            let _ = ack.send(Ok(()));
+                        }
+                        self.backlog.push_back(Cmd::Notify { line, ack: None });
+                    }
                     Some(cmd) => self.backlog.push_back(cmd),
                 },
             }
@@ -357,7 +375,25 @@ impl Actor {
                     }
                 }
             }
-            Cmd::Notify(line) => self.write_own(out, line),
+            Cmd::Notify { line, ack: None } => self.write_own(out, line),
+            Cmd::Notify {
+                line,
+                ack: Some(ack),
+            } => {
+                // Closed: the link is closing; the line goes the way of the child, as it would
+                // have a moment later.
+                let outcome = match out.send(line) {
+                    Ok(()) | Err(Unqueued::Closed) => Ok(()),
+                    Err(Unqueued::Full) => {
+                        if self.warnings.allow() {
+                            warn!(backend = %self.name, unwritten = out.unwritten(),
+                                "the server is not reading what portico writes to it; a client's message refused");
+                        }
+                        Err(UpstreamError::Overloaded)
+                    }
+                };
+                let _ = ack.send(outcome);
+            }
             Cmd::Cancel { gid, reason } => {
                 if let Some(p) = self.pending.remove(&gid)
                     && p.cancellable
@@ -374,8 +410,9 @@ impl Actor {
         None
     }
 
-    /// Writes a line no caller waits on (a notification, a cancellation, an answer to the
-    /// server): dropped, and said so, when the server has stopped reading.
+    /// Writes a line no caller waits on (a cancellation, the answer to a server's ping, a
+    /// client's line kept while no child ran): dropped, and said so, when the server has
+    /// stopped reading.
     fn write_own(&mut self, out: &Writer, line: Bytes) {
         if out.send(line) == Err(Unqueued::Full) && self.warnings.allow() {
             warn!(backend = %self.name, unwritten = out.unwritten(),

@@ -23,7 +23,8 @@
 //!   capped at `max_line_bytes` (the rest of a longer line is discarded as it streams), bad
 //!   lines are logged and skipped, and per-request queues drop progress rather than grow.
 //! - Nor can a child that stops reading: what is queued for its stdin and not yet written is
-//!   bounded (`upstream::MAX_UNWRITTEN_BYTES`); beyond it requests are refused at once.
+//!   bounded (`upstream::MAX_UNWRITTEN_BYTES`); beyond it requests, and a client's
+//!   notifications and answers to the server, are refused at once.
 //! - The child never waits on us: server-initiated requests are answered at once.
 
 use bytes::Bytes;
@@ -253,7 +254,7 @@ impl StdioUpstream {
     ) -> Result<Reply, UpstreamError> {
         let msg = Outbound::parse(&body)?;
         let Some(orig_id) = msg.id else {
-            self.notify(body).await?;
+            self.notify(body, deadline).await?;
             return Ok(Reply {
                 status: StatusCode::ACCEPTED,
                 headers: HeaderMap::new(),
@@ -325,16 +326,18 @@ impl StdioUpstream {
     }
 
     /// Writes a client's response to one of the server's own requests (which keep the
-    /// server's ids: portico never rewrites them), as it is.
-    pub async fn respond(&self, body: Bytes) -> Result<(), UpstreamError> {
+    /// server's ids: portico never rewrites them), as it is. `Overloaded` when the server has
+    /// stopped reading and the line does not fit its queue: refused, not dropped.
+    pub async fn respond(&self, body: Bytes, deadline: Instant) -> Result<(), UpstreamError> {
         if !crate::protocol::is_response(&body) {
             return Err(UpstreamError::Protocol("not a response".into()));
         }
-        self.send(Cmd::Notify(line_of(body.to_vec())))
+        self.write(line_of(body.to_vec()), deadline).await
     }
 
-    /// Sends a notification (e.g. `notifications/initialized`). Written once the child is up.
-    pub async fn notify(&self, body: Bytes) -> Result<(), UpstreamError> {
+    /// Sends a notification (e.g. `notifications/initialized`). Written once the child is up
+    /// (kept for the next child while none runs); `Overloaded` as for [`respond`](Self::respond).
+    pub async fn notify(&self, body: Bytes, deadline: Instant) -> Result<(), UpstreamError> {
         let msg = Outbound::parse(&body)?;
         if msg.id.is_some() {
             return Err(UpstreamError::Protocol("not a notification".into()));
@@ -347,7 +350,22 @@ impl StdioUpstream {
             return Ok(());
         }
         self.start();
-        self.send(Cmd::Notify(line_of(body.to_vec())))
+        self.write(line_of(body.to_vec()), deadline).await
+    }
+
+    /// Hands a client's line to the actor and waits (until `deadline`) for its word on it:
+    /// queued for the link, kept for the next child, or refused.
+    async fn write(&self, line: Bytes, deadline: Instant) -> Result<(), UpstreamError> {
+        let (ack, taken) = oneshot::channel();
+        self.send(Cmd::Notify {
+            line,
+            ack: Some(ack),
+        })?;
+        match timeout_at(deadline, taken).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err(stopped()),
+            Err(_) => Err(UpstreamError::Timeout),
+        }
     }
 
     /// Server notifications not tied to a request (`list_changed`, `resources/updated`, log
