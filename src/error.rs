@@ -38,6 +38,16 @@ pub enum GatewayError {
     InvalidRequest(String),
     #[error("Header mismatch: {0}")]
     HeaderMismatch(String),
+    /// What a server's request needs of the client and the client did not declare (its
+    /// `initialize` capabilities): `-32021` with `data.requiredCapabilities`, as a 2026-07-28
+    /// server answers a client that lacks one (docs/protocol.md's table of statuses).
+    #[error(
+        "Missing required client capability: the server needs input through {method}, but this client did not declare the `{capability}` capability at initialize"
+    )]
+    MissingCapability {
+        method: String,
+        capability: &'static str,
+    },
     #[error("Invalid params: {0}")]
     InvalidParams(String),
     /// `supported` is what the URL's `server/discover` advertises (the two must agree).
@@ -117,6 +127,7 @@ impl GatewayError {
             | Batch
             | InvalidRequest(_)
             | HeaderMismatch(_)
+            | MissingCapability { .. }
             | InvalidParams(_)
             | UnsupportedVersion { .. }
             | ResourceNotFound { .. }
@@ -136,6 +147,7 @@ impl GatewayError {
         match self {
             Parse(_) => code::PARSE_ERROR,
             HeaderMismatch(_) => code::HEADER_MISMATCH,
+            MissingCapability { .. } => code::MISSING_CAPABILITY,
             InvalidParams(_) | ResourceNotFound { .. } => code::INVALID_PARAMS,
             UnsupportedVersion { .. } => code::UNSUPPORTED_VERSION,
             MethodNotFound(_) => code::METHOD_NOT_FOUND,
@@ -183,6 +195,7 @@ impl GatewayError {
             Batch => "batch",
             InvalidRequest(_) => "invalid_request",
             HeaderMismatch(_) => "header_mismatch",
+            MissingCapability { .. } => "missing_capability",
             InvalidParams(_) => "invalid_params",
             UnsupportedVersion { .. } => "unsupported_version",
             MethodNotFound(_) => "method_not_found",
@@ -214,6 +227,9 @@ impl GatewayError {
                 "requested": requested,
             })),
             GatewayError::ResourceNotFound { uri } => Some(serde_json::json!({ "uri": uri })),
+            GatewayError::MissingCapability { capability, .. } => Some(serde_json::json!({
+                "requiredCapabilities": { *capability: {} },
+            })),
             _ => None,
         }
     }

@@ -183,10 +183,10 @@ async fn rounds(
                 });
             };
             if call.caps.get(cap).is_none_or(|c| !c.is_object()) {
-                return Err(GatewayError::InvalidRequest(format!(
-                    "the server needs input through {method}, but this client did not declare \
-                     the `{cap}` capability at initialize"
-                )));
+                return Err(GatewayError::MissingCapability {
+                    method: method.to_string(),
+                    capability: cap,
+                });
             }
         }
         // Ask everything at once; the client answers in any order.

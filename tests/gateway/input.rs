@@ -568,6 +568,13 @@ async fn a_legacy_client_without_the_capability_gets_an_error_naming_it() {
         .as_str()
         .unwrap_or_else(|| panic!("{last}"));
     assert!(msg.contains("`sampling` capability"), "{msg}");
+    // The 2026 table's code for it, naming what is missing (docs/protocol.md).
+    assert_eq!(last["error"]["code"], -32021, "{last}");
+    assert_eq!(
+        last["error"]["data"]["requiredCapabilities"],
+        json!({"sampling": {}}),
+        "{last}"
+    );
     assert!(r.messages().iter().all(|m| m.get("method").is_none()));
     gw.stop().await;
 }
