@@ -7,7 +7,8 @@
 //! a handshake each time, so sessions are kept by owner — the authorization context and the
 //! client's declared capabilities, or a legacy client's own session — and bounded two ways:
 //! - **a cap** (`max_upstream_sessions`): inserting beyond it evicts the least recently used
-//!   slot (one no request holds, when there is one);
+//!   slot no request holds; when every slot is held, the new owner is refused rather than a
+//!   request in flight cut off;
 //! - **idle reaping** (`upstream_idle_ms`, and a legacy client's session expiry): [`Pool::reap`]
 //!   returns what has been unused too long.
 //!
@@ -54,6 +55,9 @@ impl<T> Slot<T> {
 
 type Slots<T> = HashMap<OwnerKey, Arc<Slot<T>>, foldhash::fast::RandomState>;
 
+/// A slot got or made, and the slots evicted to make room for it (for the caller to close).
+pub type Taken<T> = (Arc<Slot<T>>, Vec<Arc<Slot<T>>>);
+
 /// The pool of one backend.
 pub struct Pool<T> {
     /// foldhash: the keys are SHA-256 digests (`bridge::owner`), which nobody can choose to
@@ -97,33 +101,33 @@ impl<T> Pool<T> {
     }
 
     /// The slot of `key`, made by `make` when there is none, marked used. Also returns the
-    /// slots evicted to stay within the cap, for the caller to close.
+    /// slots evicted to stay within the cap, for the caller to close. `None`: the pool is at
+    /// its cap and a request holds every slot — closing one would cut that request off, so the
+    /// newcomer is the one refused.
     pub fn get_or_insert_with(
         &self,
         key: OwnerKey,
         expires_ms: u64,
         make: impl FnOnce() -> T,
-    ) -> (Arc<Slot<T>>, Vec<Arc<Slot<T>>>) {
+    ) -> Option<Taken<T>> {
         let now = self.now();
         let mut slots = self.lock();
         if let Some(s) = slots.get(&key) {
             s.last_used.store(now, Ordering::Relaxed);
-            return (s.clone(), Vec::new());
+            return Some((s.clone(), Vec::new()));
         }
         let mut evicted = Vec::new();
         while slots.len() >= self.cap {
-            // The least recently used slot no request holds; if every one is busy, the least
-            // recently used of all (the cap is a bound, not a wish).
-            let lru = |busy_ok: bool| {
+            // The least recently used slot no request holds, a pinned one only when no other
+            // is free.
+            let lru = |pinned_ok: bool| {
                 slots
                     .values()
-                    .filter(|s| busy_ok || (Arc::strong_count(s) == 1 && !s.pinned()))
+                    .filter(|s| Arc::strong_count(s) == 1 && (pinned_ok || !s.pinned()))
                     .min_by_key(|s| s.last_used.load(Ordering::Relaxed))
                     .map(|s| s.key)
             };
-            let Some(victim) = lru(false).or_else(|| lru(true)) else {
-                break;
-            };
+            let victim = lru(false).or_else(|| lru(true))?;
             if let Some(s) = slots.remove(&victim) {
                 evicted.push(s);
             }
@@ -136,7 +140,7 @@ impl<T> Pool<T> {
             pinned: Default::default(),
         });
         slots.insert(key, slot.clone());
-        (slot, evicted)
+        Some((slot, evicted))
     }
 
     /// The slot of `key`, if any (not marked used).
@@ -199,21 +203,26 @@ mod tests {
     #[test]
     fn the_least_recently_used_idle_slot_is_evicted_at_the_cap() {
         let pool = Pool::new(2, Duration::from_secs(60));
-        let (a, _) = pool.get_or_insert_with(key(1), u64::MAX, || "a");
+        let (a, _) = pool.get_or_insert_with(key(1), u64::MAX, || "a").unwrap();
         std::thread::sleep(Duration::from_millis(3));
-        let (b, _) = pool.get_or_insert_with(key(2), u64::MAX, || "b");
+        let (b, _) = pool.get_or_insert_with(key(2), u64::MAX, || "b").unwrap();
         drop(b);
         std::thread::sleep(Duration::from_millis(3));
         // `a` is older but held by a request: `b` goes.
-        let (_c, evicted) = pool.get_or_insert_with(key(3), u64::MAX, || "c");
+        let (c, evicted) = pool.get_or_insert_with(key(3), u64::MAX, || "c").unwrap();
         assert_eq!(evicted.iter().map(|s| s.value).collect::<Vec<_>>(), ["b"]);
-        drop(a);
         drop(evicted);
-        let (_d, evicted) = pool.get_or_insert_with(key(4), u64::MAX, || "d");
+        // Both held now: a newcomer is refused, and nobody is evicted.
+        assert!(pool.get_or_insert_with(key(9), u64::MAX, || "x").is_none());
+        assert_eq!(pool.len(), 2);
+        drop((a, c));
+        let (_d, evicted) = pool.get_or_insert_with(key(4), u64::MAX, || "d").unwrap();
         assert_eq!(evicted.len(), 1);
         assert_eq!(pool.len(), 2);
         // The same key again is the same slot.
-        let (d2, evicted) = pool.get_or_insert_with(key(4), u64::MAX, || "other");
+        let (d2, evicted) = pool
+            .get_or_insert_with(key(4), u64::MAX, || "other")
+            .unwrap();
         assert!(evicted.is_empty());
         assert_eq!(d2.value, "d");
     }
@@ -221,7 +230,7 @@ mod tests {
     #[test]
     fn idle_and_expired_slots_are_reaped_unless_held() {
         let pool = Pool::new(8, Duration::from_millis(5));
-        let (held, _) = pool.get_or_insert_with(key(1), u64::MAX, || 1);
+        let (held, _) = pool.get_or_insert_with(key(1), u64::MAX, || 1).unwrap();
         drop(pool.get_or_insert_with(key(2), u64::MAX, || 2));
         drop(pool.get_or_insert_with(key(3), 0, || 3)); // already expired
         assert_eq!(pool.reap().iter().map(|s| s.value).collect::<Vec<_>>(), [3]);

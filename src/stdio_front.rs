@@ -15,6 +15,9 @@
 //!   requests, served statelessly; their mirrored headers are copied from the body, so the
 //!   pipeline's `_meta` checks decide, not this module. An `initialize` whose `_meta` names
 //!   2026-07-28 is such a request (refused as removed, `-32601`), not the start of a session.
+//!   What such a client would hear on its GET stream (list changes, resource updates, log
+//!   lines) is written to stdout as it comes: the stream is opened in-process right after the
+//!   `initialize` answer, so what `initialize` advertises is delivered here too.
 //! - **`Mcp-Param-*`.** A 2026-07-28 `tools/call` line is marked [`frontend::BuiltByPortico`]:
 //!   the pipeline then takes the message path, where the per-backend step adds the headers a
 //!   Streamable HTTP client would have built from the tool's `inputSchema`.
@@ -227,6 +230,8 @@ fn endpoint_path(state: &State, asked: Option<&str>) -> Result<String, StdioErro
 struct LegacyClient {
     session_id: HeaderValue,
     version: HeaderValue,
+    /// The task relaying the session's GET stream to stdout; stopped when input ends.
+    notes: Option<AbortHandle>,
 }
 
 /// Requests in flight, by JSON-RPC id, so a cancel can find its task.
@@ -338,6 +343,10 @@ pub async fn serve_stdio<R, W>(
             },
         }
     }
+    // Nothing more is asked, so nothing more is heard: the GET stream ends first.
+    if let Some(notes) = session.as_ref().and_then(|s| s.notes.as_ref()) {
+        notes.abort();
+    }
     // Finish what is in flight, within the drain time.
     let pending = tasks.len();
     if pending > 0 {
@@ -413,12 +422,18 @@ impl LineCtx<'_> {
                         .open(text, self.path, self.caller.principal.as_deref())
                 && let Ok(version) = HeaderValue::from_str(&data.v)
             {
-                *self.session = Some(LegacyClient {
+                let before = self.session.replace(LegacyClient {
                     session_id: sid.clone(),
                     version,
+                    notes: None,
                 });
+                // A second `initialize` starts over: the old session's stream is not heard.
+                if let Some(notes) = before.and_then(|s| s.notes) {
+                    notes.abort();
+                }
             }
             relay(resp, id.as_ref(), true, self.path, self.out).await;
+            self.open_notes().await;
             return;
         }
         if let Some(rid) = &id
@@ -444,6 +459,42 @@ impl LineCtx<'_> {
         if let (Some(id), true) = (id, answers) {
             self.inflight.insert(id, handle);
         }
+    }
+
+    /// What an HTTP client of the session hears on its GET stream — list changes, resource
+    /// updates, log lines at its `logging/setLevel` — goes to stdout too: the stream is opened
+    /// through the pipeline as that client would, once the session exists. Its head is awaited
+    /// before the next line is read, so a `resources/subscribe` that follows has a listener for
+    /// its updates.
+    async fn open_notes(&mut self) {
+        let Some(session) = self.session.as_mut() else {
+            return;
+        };
+        let mut headers = HeaderMap::with_capacity(4);
+        if let Some(a) = &self.caller.authorization {
+            headers.insert(header::AUTHORIZATION, a.clone());
+        }
+        headers.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(h::names::SESSION_ID, session.session_id.clone());
+        headers.insert(h::names::PROTOCOL_VERSION, session.version.clone());
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.method_mut() = Method::GET;
+        *req.uri_mut() =
+            http::Uri::try_from(self.path).unwrap_or_else(|_| http::Uri::from_static("/"));
+        *req.headers_mut() = headers;
+        let resp = crate::proxy::handle(self.state.clone(), req).await;
+        if !resp.status().is_success() || !is_event_stream(resp.headers()) {
+            tracing::info!(
+                status = resp.status().as_u16(),
+                "no notification stream for the session"
+            );
+            return;
+        }
+        let out = self.out.clone();
+        session.notes = Some(tokio::spawn(relay_notes(resp.into_body(), out)).abort_handle());
     }
 
     /// `notifications/cancelled {requestId}`: drop the matching task (its upstream stream with it).
@@ -591,6 +642,34 @@ async fn relay(
     }
 }
 
+/// A session's GET stream: each event a line, for as long as the stream lasts.
+async fn relay_notes(mut body: Body, out: mpsc::Sender<Bytes>) {
+    let mut dec = crate::sse::SseDecoder::new(MAX_ANSWER_BYTES);
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        dec.push(&data);
+        loop {
+            match dec.next_event() {
+                Ok(Some(ev)) => {
+                    emit(&ev, &out).await;
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(
+                        "a notification is larger than the relay limit; the session's notification stream is closed"
+                    );
+                    return;
+                }
+            }
+        }
+        if out.is_closed() {
+            return;
+        }
+    }
+}
+
 /// Writes one message as one line; `true` when it is a JSON-RPC response (the end of an answer).
 /// A message that spans lines (pretty-printed upstream JSON) is re-encoded compactly.
 async fn emit(msg: &[u8], out: &mpsc::Sender<Bytes>) -> bool {
@@ -697,6 +776,7 @@ mod tests {
         let s = LegacyClient {
             session_id: HeaderValue::from_static("p1.abc"),
             version: HeaderValue::from_static("2025-06-18"),
+            notes: None,
         };
         let req = request("/mcp/x", &env, body, Some(&s), &Caller::default());
         assert_eq!(req.headers()[h::SESSION_ID], "p1.abc");

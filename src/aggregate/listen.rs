@@ -81,14 +81,18 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
     }
     let mut sources = Vec::new();
     let mut accepted: Vec<String> = Vec::new();
+    // A kind is acknowledged to the client when a member acknowledged it (advertised =
+    // delivered): a member that cannot tell its list changed does not agree to tell it.
+    let mut delivered: Vec<&str> = Vec::new();
     for (i, member_uris) in uris.iter().enumerate() {
         // A member the caller's team may not use is not listened to for it.
         if step::may_use(&req.ctx, &ep.members[i].backend).is_err() {
             continue;
         }
         match open(req, i, &kinds, member_uris).await {
-            Ok((acked, s)) => {
+            Ok((acked, flags, s)) => {
                 accepted.extend(acked);
+                delivered.extend(flags);
                 sources.push(s);
             }
             Err(error) => {
@@ -100,6 +104,7 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
             }
         }
     }
+    agreed.retain(|flag, _| delivered.contains(&flag.as_str()));
     if !accepted.is_empty() {
         agreed.insert("resourceSubscriptions".into(), json!(accepted));
     }
@@ -179,13 +184,14 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
 
 /// Opens one member's listen (`kinds` plus the member's `uris`) through the per-backend step
 /// and waits for its acknowledgement (within the member's `timeout_ms`): the URIs it accepted,
-/// and the stream of what follows, ending when the member ends its stream.
+/// the list-changed flags it acknowledged, and the stream of what follows, ending when the
+/// member ends its stream.
 async fn open(
     req: &Req<'_>,
     member: usize,
     kinds: &Value,
     uris: &[String],
-) -> Result<(Vec<String>, BoxStream<'static, Item>), GatewayError> {
+) -> Result<(Vec<String>, Vec<&'static str>, BoxStream<'static, Item>), GatewayError> {
     let b = &req.ep.members[member].backend;
     let mut filter = kinds.clone();
     if !uris.is_empty() {
@@ -248,6 +254,11 @@ async fn open(
                 .collect()
         })
         .unwrap_or_default();
+    let flags = KINDS
+        .iter()
+        .map(|(flag, _)| *flag)
+        .filter(|flag| ack["params"]["notifications"][*flag] == json!(true))
+        .collect();
     let mine = accepted.clone();
     // The stream ends with the member's result (or an error, or its end).
     let s = messages
@@ -259,7 +270,7 @@ async fn open(
             std::future::ready(!end)
         })
         .filter_map(move |m| std::future::ready(m.ok().and_then(|m| item(&m, &mine))));
-    Ok((accepted, s.boxed()))
+    Ok((accepted, flags, s.boxed()))
 }
 
 /// What a member's message is to the client, if anything.

@@ -620,10 +620,12 @@ async fn discover(req: &Req<'_>) -> Result<Reply, GatewayError> {
         left_out(req, i, METHOD, failure, &mut degraded)?;
     }
     let mut r = merge::merge_discover(&req.ep.namings, &parts);
-    // Advertised = delivered (issue #20 item 4): tasks (`tasks/*`) are not routed to members.
+    // Advertised = delivered (issue #20 item 4): tasks (`tasks/*`) are not routed to members,
+    // nor are a member's `experimental` methods (the endpoint routes the methods it knows).
     // (`resources.subscribe` is: the listen routes each URI to its member, `listen`.)
     if let Some(caps) = r.get_mut("capabilities").and_then(Value::as_object_mut) {
         caps.remove("tasks");
+        caps.remove("experimental");
         if let Some(ext) = caps.get_mut("extensions").and_then(Value::as_object_mut) {
             ext.remove("io.modelcontextprotocol/tasks");
         }

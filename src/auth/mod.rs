@@ -304,7 +304,7 @@ impl Auth {
             AuthMode::Jwt => match bearer(headers) {
                 // Boxed: a key fetch is rare, and its state inline made every request's
                 // future ~4.7 KB larger.
-                Ok(token) => Box::pin(self.check_jwt_refetching(token)).await,
+                Ok(token) => Box::pin(self.check_jwt_refetching(token, path)).await,
                 Err(e) => Err(e),
             },
         };
@@ -334,16 +334,22 @@ impl Auth {
         found.ok_or(AuthFailure::Invalid)
     }
 
-    /// Verifies a compact JWS and its claims against the keys held now, and maps it to a
-    /// principal. Never fetches: an unknown `kid` is `AuthFailure::UnknownKey`.
-    pub fn check_jwt(&self, token: &str) -> Result<Arc<Principal>, AuthFailure> {
+    /// Verifies a compact JWS and its claims against the keys held now, for the resource at
+    /// `path`, and maps it to a principal. Never fetches: an unknown `kid` is
+    /// `AuthFailure::UnknownKey`.
+    pub fn check_jwt(&self, token: &str, path: &str) -> Result<Arc<Principal>, AuthFailure> {
         let jwt = self.jwt.as_ref().ok_or(AuthFailure::Invalid)?;
         let claims = jwt.verify(&jwt.keys.load(), token)?;
+        self.audience_ok(&jwt.cfg, &claims, path)?;
         self.principal_of(&jwt.cfg, &claims)
     }
 
     /// `check_jwt`, and on an unknown `kid` one JWKS fetch (rate limited) and a second try.
-    async fn check_jwt_refetching(&self, token: &str) -> Result<Arc<Principal>, AuthFailure> {
+    async fn check_jwt_refetching(
+        &self,
+        token: &str,
+        path: &str,
+    ) -> Result<Arc<Principal>, AuthFailure> {
         let jwt = self.jwt.as_ref().ok_or(AuthFailure::Invalid)?;
         let seen = jwt.keys.load_full();
         let claims = match jwt.verify(&seen, token) {
@@ -352,7 +358,29 @@ impl Auth {
             }
             other => other?,
         };
+        self.audience_ok(&jwt.cfg, &claims, path)?;
         self.principal_of(&jwt.cfg, &claims)
+    }
+
+    /// With `audience` configured, one of the token's audiences must be it or the resource the
+    /// token is presented to: `resource` in that path's Protected Resource Metadata
+    /// (`metadata`), which is what a client asks its authorization server for (RFC 8707).
+    /// Without it, `aud` is not portico's to judge.
+    fn audience_ok(&self, cfg: &JwtConfig, claims: &Value, path: &str) -> Result<(), AuthFailure> {
+        let Some(want) = &cfg.audience else {
+            return Ok(());
+        };
+        let is_ours = |a: &str| a == want || a.strip_prefix(self.base_url.as_str()) == Some(path);
+        let ok = match claims.get("aud") {
+            Some(Value::String(a)) => is_ours(a),
+            Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).any(is_ours),
+            _ => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(AuthFailure::WrongIssuerOrAudience)
+        }
     }
 
     /// `sub` and the team of verified claims. The team claim is a string, or an array of
@@ -577,13 +605,11 @@ fn validation(cfg: &JwtConfig, alg: Algorithm) -> Validation {
         v.set_issuer(&[iss]);
         required.push("iss");
     }
-    match &cfg.audience {
-        Some(aud) => {
-            v.set_audience(&[aud]);
-            required.push("aud");
-        }
-        // No audience configured: `aud` is not portico's to judge (the crate would refuse any).
-        None => v.validate_aud = false,
+    // `aud` is judged per request, against the resource presented to (`Auth::audience_ok`);
+    // here only its presence, when an audience is configured.
+    v.validate_aud = false;
+    if cfg.audience.is_some() {
+        required.push("aud");
     }
     v.set_required_spec_claims(&required);
     v

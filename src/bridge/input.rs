@@ -190,7 +190,7 @@ async fn to_server(
         &HeaderMap::new(),
         team,
         deadline,
-        crate::upstream::AnswerCheck::Upstream,
+        super::How::OWN,
     )
     .await
     {

@@ -32,7 +32,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::owner::Owner;
-use super::session::{Held, on_session_error, session_or_modern, stdio_of, stream_request};
+use super::session::{
+    Held, on_session_error, on_shared_child, session_or_modern, stdio_of, stream_request,
+};
 use super::{Bridged, collect, send_raw, upstream_err};
 use crate::backend::{Backend, LegacySession, SessionStream};
 use crate::error::GatewayError;
@@ -94,13 +96,15 @@ pub(super) async fn listen(
             kinds.push(method);
         }
     }
-    let shared_child = matches!(b.upstream, Upstream::Stdio(_)) && slot.value.child.is_none();
+    let shared_child = on_shared_child(b, slot.value.child.as_ref());
     let logs = req["params"]["_meta"][meta::LOG_LEVEL]
         .as_str()
         .and_then(log_rank)
         .filter(|_| !shared_child && caps.get("logging").is_some());
     // 1. the session's own channel
-    let (rx, stream) = match &b.upstream {
+    // The transport, not the configured URL's: a URL the probe found to serve HTTP+SSE has
+    // its sessions, and their messages, on the SSE link.
+    let (rx, stream) = match b.transport() {
         Upstream::Http(up) => {
             let st = session_stream(b, up, &slot, &s).await?;
             (st.subscribe(), Some(st))
@@ -340,7 +344,7 @@ async fn exchange(b: &Backend, s: &LegacySession, method: &str, params: Value) -
         &HeaderMap::new(),
         &[],
         deadline,
-        crate::upstream::AnswerCheck::Upstream,
+        super::How::OWN,
     )
     .await;
     let answered = match sent {
@@ -427,7 +431,8 @@ impl Drop for Subscribed {
 /// since requests sharing the session may want more detail than this one (each gets only the
 /// lines at or above its own level: the caller filters).
 pub(super) async fn set_level(b: &Backend, s: &LegacySession, level: u8, exact: bool) {
-    if s.init["capabilities"].get("logging").is_none() {
+    // On a shared child one client's level would be every client's, for lines none receives.
+    if s.init["capabilities"].get("logging").is_none() || on_shared_child(b, s.child.as_ref()) {
         return;
     }
     let now = s.log_level.load(Ordering::Relaxed);

@@ -67,7 +67,7 @@ pub use probe::{
 };
 pub use session::{close, close_owner, open, session, stream_request};
 
-use session::{forget_session, on_session_error, session_or_modern, stdio_of};
+use session::{forget_session, on_session_error, on_shared_child, session_or_modern, stdio_of};
 use translate::{CancelGuard, Mapping, scope_str, to_legacy, translate};
 pub use translate::{fuzz_both_ways as fuzz_translate, upward_agrees};
 
@@ -168,7 +168,7 @@ fn delivered(b: &Backend, s: &LegacySession) -> serde_json::Value {
     let mut caps = s.init.get("capabilities").cloned().unwrap_or(json!({}));
     if let Some(c) = caps.as_object_mut() {
         c.remove("tasks");
-        if matches!(b.upstream, Upstream::Stdio(_)) && s.child.is_none() {
+        if on_shared_child(b, s.child.as_ref()) {
             c.remove("logging");
         }
     }
@@ -280,17 +280,9 @@ pub async fn call(
         };
         let Some(client_id) = client_id else {
             // A notification: pass it on.
-            send_raw(
-                b,
-                &s,
-                up_body,
-                client_headers,
-                team,
-                deadline,
-                AnswerCheck::Upstream,
-            )
-            .await
-            .map_err(|e| upstream_err(b, &e))?;
+            send_raw(b, &s, up_body, client_headers, team, deadline, How::OWN)
+                .await
+                .map_err(|e| upstream_err(b, &e))?;
             return Ok(Bridged::Answer(Reply::accepted()));
         };
         let mapping = Mapping {
@@ -314,8 +306,11 @@ pub async fn call(
             _slot: slot.clone(),
         };
         // A JSON answer is checked where it is translated, in the same reading (below).
-        let check = AnswerCheck::Caller;
-        let reply = match send_raw(b, &s, up_body, client_headers, team, deadline, check).await {
+        let how = How {
+            check: AnswerCheck::Caller,
+            logs: log_level.is_some(),
+        };
+        let reply = match send_raw(b, &s, up_body, client_headers, team, deadline, how).await {
             Ok(reply) => reply,
             // The stdio child restarted before the request was written: the new child has not
             // been through `initialize`. Nothing reached the server, so a retry is safe.
@@ -372,6 +367,24 @@ pub async fn call(
 /// Sends an already-translated message within the session, with the caller's team
 /// credentials (`team_headers`) over HTTP. Over stdio a request is pinned to the child
 /// generation the session was initialized on (`UpstreamError::Restarted` otherwise).
+/// How [`send_raw`] sends a message.
+#[derive(Clone, Copy)]
+struct How {
+    /// Who checks a single JSON answer.
+    check: AnswerCheck,
+    /// The client asked for log lines (`logLevel`, stripped going up): a stdio child, which
+    /// cannot see that in the line, is told (on a child of the owner's own only).
+    logs: bool,
+}
+
+impl How {
+    /// portico's own messages, and a client's notifications and answers.
+    const OWN: How = How {
+        check: AnswerCheck::Upstream,
+        logs: false,
+    };
+}
+
 async fn send_raw(
     b: &Backend,
     s: &LegacySession,
@@ -379,7 +392,7 @@ async fn send_raw(
     client_headers: &HeaderMap,
     team: &[(HeaderName, HeaderValue)],
     deadline: Instant,
-    check: AnswerCheck,
+    how: How,
 ) -> Result<Reply, UpstreamError> {
     match b.transport() {
         Upstream::Http(up) => {
@@ -403,7 +416,7 @@ async fn send_raw(
                 }
             }
             extra.extend_from_slice(team);
-            up.post(&HeaderMap::new(), &extra, body, deadline, check)
+            up.post(&HeaderMap::new(), &extra, body, deadline, how.check)
                 .await
         }
         Upstream::Stdio(_) => {
@@ -422,6 +435,7 @@ async fn send_raw(
             let opts = CallOptions {
                 cancel_on_drop: true,
                 generation: Some(s.generation),
+                logs: how.logs && !on_shared_child(b, s.child.as_ref()),
             };
             st.call_with(body, deadline, opts).await
         }

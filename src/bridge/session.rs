@@ -158,6 +158,13 @@ pub(super) fn stdio_of<'a>(
     }
 }
 
+/// Whether a session with `child` lives on the stdio child every client of `b` shares: its
+/// log lines are nobody's, so no client's level is set there and none is delivered
+/// (docs/protocol.md §8 item 17).
+pub(super) fn on_shared_child(b: &Backend, child: Option<&Arc<StdioUpstream>>) -> bool {
+    child.is_none() && matches!(b.transport(), Upstream::Stdio(_))
+}
+
 pub(super) type Held = Arc<Slot<SessionSlot>>;
 
 /// A team header (`team_headers`): the owner's team is part of its key, so a session made
@@ -181,10 +188,16 @@ pub(super) async fn session_or_modern(
     deadline: Instant,
 ) -> Result<(Held, Arc<LegacySession>), SessionError> {
     let key = slot_key(b, owner);
-    let (slot, evicted) = b
+    let Some((slot, evicted)) = b
         .bridge
         .pool
-        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner, team));
+        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner, team))
+    else {
+        tracing::warn!(backend = %b.name, "max_upstream_sessions reached and a request holds every upstream session; refused");
+        return Err(SessionError::Failed(GatewayError::Overloaded {
+            backend: b.name.to_string(),
+        }));
+    };
     if key == OWN {
         slot.pin();
     }
@@ -392,6 +405,7 @@ pub(super) async fn initialize_stdio(
         let opts = CallOptions {
             cancel_on_drop: false,
             generation: Some(generation),
+            logs: false,
         };
         match s
             .call_with(initialize_body(id, owner), deadline, opts)

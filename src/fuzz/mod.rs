@@ -81,7 +81,7 @@ pub fn front_end(data: &[u8]) {
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        let _ = jwt_auth().check_jwt(token);
+        let _ = jwt_auth().check_jwt(token, "/mcp");
     }
     let _ = crate::auth::parse_jwks(body);
 }

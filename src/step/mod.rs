@@ -678,24 +678,32 @@ fn until_cancelled(
 /// the ones `-32022` lists (`frontend`): 2026-07-28 for stateless requests, the
 /// initialize-era ones through `initialize` (docs/protocol.md §5; digest §8 item 18).
 fn portico_versions(reply: Reply) -> Reply {
-    let MessageStream::One(msg) = &reply.messages else {
-        return reply;
+    let messages = match reply.messages {
+        MessageStream::One(msg) => MessageStream::One(with_portico_versions(msg)),
+        // Streamed (an SSE answer): the response among the messages, as it passes.
+        MessageStream::Many(s) => {
+            use futures_util::StreamExt;
+            MessageStream::Many(s.map(|m| m.map(with_portico_versions)).boxed())
+        }
+        MessageStream::Empty => MessageStream::Empty,
     };
-    let Ok(mut v) = serde_json::from_slice::<Value>(msg) else {
-        return reply;
+    Reply { messages, ..reply }
+}
+
+/// One message with portico's `supportedVersions` if it is a result (anything else as is).
+fn with_portico_versions(msg: Bytes) -> Bytes {
+    let Ok(mut v) = serde_json::from_slice::<Value>(&msg) else {
+        return msg;
     };
     let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
-        return reply;
+        return msg;
     };
     let supported = serde_json::json!(protocol::SUPPORTED_VERSIONS);
     if result.get("supportedVersions") == Some(&supported) {
-        return reply;
+        return msg;
     }
     result.insert("supportedVersions".into(), supported);
-    Reply {
-        messages: MessageStream::One(Bytes::from(v.to_string())),
-        ..reply
-    }
+    Bytes::from(v.to_string())
 }
 
 mod cached;

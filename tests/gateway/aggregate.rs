@@ -388,7 +388,11 @@ async fn a_failing_member_is_left_out_or_fails_the_list() {
 
 #[tokio::test]
 async fn discover_describes_the_endpoint() {
-    let a = MockMcp::modern().list_changed().start().await;
+    let a = MockMcp::modern()
+        .list_changed()
+        .experimental()
+        .start()
+        .await;
     let c = MockMcp::legacy().start().await;
     let gw = Gateway::start(&config(&[&a.url(), &c.url()], "'a', 'b'", "")).await;
     let r = mcp(&gw.url("/mcp"), json!("d"), "server/discover", json!({})).await;
@@ -403,6 +407,15 @@ async fn discover_describes_the_endpoint() {
     );
     assert_eq!(d["capabilities"]["tools"]["listChanged"], true);
     assert!(d["capabilities"]["prompts"].is_object());
+    // A member's experimental methods are not routed by the endpoint, so not advertised there
+    // (they are on the member's own URL).
+    assert!(d["capabilities"].get("experimental").is_none(), "{d}");
+    let own = mcp(&gw.url("/mcp/a"), json!("o"), "server/discover", json!({})).await;
+    assert!(
+        own.json()["result"]["capabilities"]["experimental"]["mock/extra"].is_object(),
+        "{:?}",
+        own.body
+    );
     let text = d["instructions"].as_str().unwrap();
     assert!(
         text.contains("[a] mock instructions") && text.contains("[b] legacy instructions"),
@@ -537,6 +550,39 @@ async fn list_changed_reaches_a_listener_once() {
         .json();
     let got = names(&v, "tools");
     assert!(got.contains(&"a__newer_a".to_string()) && got.contains(&"b__later".to_string()));
+    drop(body);
+    gw.stop().await;
+}
+
+/// Advertised = delivered: a listen on an endpoint is acknowledged for the kinds some member
+/// acknowledged, not for every kind the client asked (a member that cannot tell its prompts
+/// changed does not agree to tell it).
+#[tokio::test]
+async fn a_listen_is_acknowledged_only_for_what_a_member_delivers() {
+    let a = MockMcp::legacy().start().await;
+    let c = MockMcp::legacy().list_changed().start().await;
+    let gw = Gateway::start(&config(&[&a.url(), &dead_url(), &c.url()], "'a', 'c'", "")).await;
+    let params = json!({"notifications":{"toolsListChanged":true,"promptsListChanged":true}});
+    let resp = send_stream(
+        "POST",
+        &gw.url("/mcp"),
+        &modern_headers("subscriptions/listen", None),
+        modern_body(json!("L8"), "subscriptions/listen", params),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut dec = portico::sse::SseDecoder::new(1 << 20);
+    let first = read_for(&mut body, &mut dec, Duration::from_millis(300)).await;
+    assert_eq!(
+        first[0]["method"], "notifications/subscriptions/acknowledged",
+        "{first:?}"
+    );
+    assert_eq!(
+        first[0]["params"]["notifications"],
+        json!({"toolsListChanged": true}),
+        "{first:?}"
+    );
     drop(body);
     gw.stop().await;
 }

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::common::Gateway;
 use crate::common::mock::MockMcp;
+use crate::common::{Gateway, send};
 use crate::security::{TEAMS, bearer, list_as, tool_names};
 
 const HS_SECRET: &[u8] = b"a-test-hmac-secret-of-32-bytes!!";
@@ -357,6 +357,62 @@ async fn jwt_gateway(keys: &Keys, mock_url: &str, jwt_extra: &str, extra: &str) 
         mock_url
     ))
     .await
+}
+
+/// RFC 8707: a client asks its authorization server for a token for the `resource` a path's
+/// Protected Resource Metadata names; such a token is accepted on that path beside the
+/// configured `audience`, and on no other path.
+#[tokio::test]
+async fn a_token_for_the_advertised_resource_is_accepted_on_its_path_only() {
+    let keys = Keys::new();
+    let mock = MockMcp::modern().start().await;
+    let gw = jwt_gateway(
+        &keys,
+        &mock.url(),
+        "audience = \"https://gw.example\"",
+        &format!(
+            "[[backends]]\nname = \"n\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+            mock.url()
+        ),
+    )
+    .await;
+    let prm = send(
+        "GET",
+        &gw.url("/.well-known/oauth-protected-resource/mcp/m"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(prm.status, 200);
+    let resource = prm.json()["resource"].as_str().unwrap().to_string();
+    assert!(resource.ends_with("/mcp/m"), "{resource}");
+    let claims = |aud: Value| json!({"sub": "alice", "aud": aud, "exp": now() + 300});
+    let for_m = keys.es(&claims(json!(resource)));
+    let r = list_as(&gw.url("/mcp/m"), &bearer(&for_m)).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    // Among other audiences too.
+    let among = keys.es(&claims(json!(["https://api.example", resource])));
+    assert_eq!(
+        list_as(&gw.url("/mcp/m"), &bearer(&among)).await.status,
+        200
+    );
+    // Not a token for another path's resource, nor for the gateway's origin alone.
+    assert_eq!(
+        list_as(&gw.url("/mcp/n"), &bearer(&for_m)).await.status,
+        401
+    );
+    let origin = resource.trim_end_matches("/mcp/m").to_string();
+    let bare = keys.es(&claims(json!(origin)));
+    assert_eq!(list_as(&gw.url("/mcp/m"), &bearer(&bare)).await.status, 401);
+    // The configured audience still is accepted everywhere.
+    let configured = keys.es(&claims(json!("https://gw.example")));
+    assert_eq!(
+        list_as(&gw.url("/mcp/n"), &bearer(&configured))
+            .await
+            .status,
+        200
+    );
+    gw.stop().await;
 }
 
 /// With `[[auth.teams]]`, a token maps to exactly one team or is refused with 403 naming why:

@@ -730,6 +730,25 @@ async fn unsupported_version_lists_what_discover_advertises() {
     }
 }
 
+/// A modern backend that answers `server/discover` as an event stream (the cache off, so it is
+/// relayed as it comes) is advertised with portico's versions too, the ones `-32022` lists.
+#[tokio::test]
+async fn a_streamed_discover_also_lists_portico_versions() {
+    let m = MockMcp::modern().sse().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n[cache]\nenabled = false\n[[backends]]\nname = \"new\"\nurl = \"{}\"\n",
+        m.url()
+    ))
+    .await;
+    let d = mcp(&gw.url("/mcp/new"), json!(1), "server/discover", json!({})).await;
+    assert_eq!(
+        d.result()["result"]["supportedVersions"],
+        json!(portico::protocol::SUPPORTED_VERSIONS),
+        "{:?}",
+        d.body
+    );
+}
+
 /// stdio `per_client`: each client's child is capped and reaped like an HTTP session (the
 /// evicted or idle child exits).
 #[tokio::test]
@@ -760,4 +779,29 @@ async fn per_client_stdio_children_are_capped_and_reaped() {
     eventually("alice's child closed at the cap", || !alive(alice)).await;
     assert!(alive(bob));
     eventually("bob's idle child closed", || !alive(bob)).await;
+}
+
+/// At the cap with every upstream session in use, a new client is refused (503) rather than
+/// another client's call in flight cut off by closing its session (here: its child).
+#[tokio::test]
+async fn at_the_cap_a_session_in_use_is_not_closed_for_a_newcomer() {
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}{}",
+        auth(),
+        stdio_backend(&["--legacy"], "max_upstream_sessions = 1")
+    ))
+    .await;
+    let url = gw.url("/mcp/b");
+    let slow = tool(&url, Some(ALICE), json!(1), "slow", json!({"ms": 1500}));
+    let newcomer = async {
+        // Once alice's call holds her child (bounded: her call takes 1.5 s).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tool(&url, Some(BOB), json!(2), "echo", json!({"text": "bob"})).await
+    };
+    let (alice, bob) = tokio::join!(slow, newcomer);
+    assert_eq!(text(&alice), "slept", "{:?}", alice.body);
+    assert_eq!(bob.status, 503, "{:?}", bob.body);
+    // Once alice's call is over, her idle child gives way to bob's.
+    let bob = tool(&url, Some(BOB), json!(3), "echo", json!({"text": "bob"})).await;
+    assert_eq!(text(&bob), "bob");
 }

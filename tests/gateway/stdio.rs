@@ -826,3 +826,42 @@ async fn a_child_that_stops_reading_stdin_gets_no_more_than_the_bound_queued() {
         .await
         .expect("the child is stopped even with its stdin full");
 }
+
+/// A child's log line names no request: it goes to the one in flight whose `_meta` asked for
+/// logs, never to one whose arguments merely contain the key's name (on a child shared by
+/// clients, that would claim another client's lines).
+#[tokio::test]
+async fn a_log_line_goes_only_to_a_request_whose_meta_asked_for_it() {
+    let up = backend(&[]);
+    let claim = tool(
+        json!("bob"),
+        "slow",
+        json!({"ms": 1500, "tag": "io.modelcontextprotocol/logLevel"}),
+    );
+    let alice = tool(json!("alice"), "log", json!({"text": "alice-secret"}));
+    // Polled in order, so bob's call is in flight before alice's is written.
+    let (bob, alice) = tokio::join!(
+        async { collect(up.call(claim, within(5_000)).await?).await },
+        async { collect(up.call(alice, within(5_000)).await?).await },
+    );
+    let (bob, alice) = (bob.unwrap(), alice.unwrap());
+    assert_eq!(bob.last().unwrap()["result"]["content"][0]["text"], "slept");
+    assert!(
+        !bob.iter().any(|m| m.to_string().contains("alice-secret")),
+        "{bob:?}"
+    );
+    assert_eq!(alice.len(), 1, "alice did not ask for logs: {alice:?}");
+    let asks = msg(json!({"jsonrpc":"2.0","id":"carol","method":"tools/call",
+        "params":{"name":"log","arguments":{"text":"carol-line"},
+            "_meta":{"io.modelcontextprotocol/logLevel":"info"}}}));
+    let carol = collect(up.call(asks, within(5_000)).await.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        carol
+            .iter()
+            .any(|m| m["method"] == "notifications/message" && m["params"]["data"] == "carol-line"),
+        "{carol:?}"
+    );
+    up.shutdown().await;
+}

@@ -292,6 +292,55 @@ async fn an_initialize_client_gets_a_session_for_the_life_of_the_process() {
     assert!(status.success());
 }
 
+/// What `initialize` advertises is delivered on stdout too: a list change, and an update of a
+/// resource the client subscribed to, arrive as notification lines (an HTTP client would hear
+/// them on its GET stream).
+#[tokio::test]
+async fn an_initialize_client_hears_list_changes_and_resource_updates() {
+    let mock = MockMcp::modern()
+        .list_changed()
+        .subscribe_and_log()
+        .start()
+        .await;
+    let mut p = StdioProc::spawn(&["--url", &mock.url()]);
+    p.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#).await;
+    let init = p.answer(json!(0)).await;
+    let caps = &init["result"]["capabilities"];
+    assert_eq!(caps["tools"]["listChanged"], true, "{init}");
+    assert_eq!(caps["resources"]["subscribe"], true, "{init}");
+    p.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    p.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"resources/subscribe","params":{"uri":"mock://r"}}"#,
+    )
+    .await;
+    assert_eq!(p.answer(json!(1)).await["result"], json!({}));
+    mock.add_tool("late");
+    mock.update_resource("mock://r");
+    let mut heard = Vec::new();
+    while heard.len() < 2 {
+        let v = p.next().await.expect("a notification line before EOF");
+        assert!(v.get("id").is_none(), "only notifications: {v}");
+        heard.push(v);
+    }
+    let methods: Vec<&str> = heard.iter().filter_map(|v| v["method"].as_str()).collect();
+    assert!(
+        methods.contains(&"notifications/tools/list_changed"),
+        "{heard:?}"
+    );
+    let update = heard
+        .iter()
+        .find(|v| v["method"] == "notifications/resources/updated")
+        .unwrap_or_else(|| panic!("{heard:?}"));
+    assert_eq!(update["params"]["uri"], "mock://r");
+    assert!(
+        update["params"].get("_meta").is_none(),
+        "no subscription id for a legacy client: {update}"
+    );
+    let (_, status) = p.finish().await;
+    assert!(status.success());
+}
+
 #[tokio::test]
 async fn bad_lines_get_errors_and_the_process_keeps_going() {
     let mock = MockMcp::modern().start().await;

@@ -754,7 +754,7 @@ impl Drop for CancelGuard {
         rt.spawn(async move {
             let deadline = Instant::now() + std::time::Duration::from_secs(5);
             let body = Bytes::from(note.to_string());
-            if let Err(error) = send_raw(&backend, &session, body, &HeaderMap::new(), &[], deadline, crate::upstream::AnswerCheck::Upstream).await {
+            if let Err(error) = send_raw(&backend, &session, body, &HeaderMap::new(), &[], deadline, super::How::OWN).await {
                 tracing::debug!(backend = %backend.name, %error, "could not send notifications/cancelled");
             }
         });

@@ -55,7 +55,7 @@ mod wire;
 
 use actor::{Actor, Cmd, Pending};
 pub(crate) use wire::{Line, LineReader};
-use wire::{Outbound, line_of, request_line, rewrite_token};
+use wire::{Outbound, asks_for_logs, line_of, request_line, rewrite_token};
 
 /// First restart delay after a crash; doubles on every further crash up to `MAX_BACKOFF`.
 const INITIAL_BACKOFF: Duration = Duration::from_millis(100);
@@ -92,6 +92,10 @@ pub struct CallOptions {
     /// the child restarted in between, the call fails with `Restarted` instead of reaching a
     /// fresh legacy server that has not been through `initialize`.
     pub generation: Option<u64>,
+    /// The caller asked for log lines though the line does not say so: the legacy bridge
+    /// strips `logLevel` going up and sets the child's level itself. Only for a child that
+    /// serves one client (a shared child's unasked lines are nobody's).
+    pub logs: bool,
 }
 
 impl Default for CallOptions {
@@ -99,6 +103,7 @@ impl Default for CallOptions {
         CallOptions {
             cancel_on_drop: true,
             generation: None,
+            logs: false,
         }
     }
 }
@@ -240,7 +245,7 @@ impl StdioUpstream {
     pub async fn request(&self, body: Bytes, deadline: Instant) -> Result<Reply, UpstreamError> {
         let opts = CallOptions {
             cancel_on_drop: false,
-            generation: None,
+            ..CallOptions::default()
         };
         self.call_with(body, deadline, opts).await
     }
@@ -280,10 +285,9 @@ impl StdioUpstream {
             orig_id: orig_id.to_owned(),
             orig_token,
             // A listen stream carries no log lines (docs/protocol.md §2), whatever it asked.
-            logs: msg.method != "subscriptions/listen"
-                && msg
-                    .params
-                    .is_some_and(|p| p.get().contains("io.modelcontextprotocol/logLevel")),
+            // Read from `_meta`, not found anywhere in the text: a call whose arguments merely
+            // contain the key's name must not claim another client's lines.
+            logs: msg.method != "subscriptions/listen" && (opts.logs || asks_for_logs(msg.params)),
             cancellable,
             generation: opts.generation,
             tx,
@@ -558,6 +562,28 @@ impl Drop for CancelGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_log_level_in_meta_asks_for_logs() {
+        let asks =
+            |params: &str| asks_for_logs(Some(&RawValue::from_string(params.into()).unwrap()));
+        assert!(asks(
+            r#"{"_meta":{"io.modelcontextprotocol/logLevel":"info"}}"#
+        ));
+        assert!(!asks(
+            r#"{"_meta":{"io.modelcontextprotocol/logLevel":null}}"#
+        ));
+        assert!(!asks(
+            r#"{"arguments":{"x":"io.modelcontextprotocol/logLevel"}}"#
+        ));
+        assert!(!asks(
+            r#"{"_meta":{"k":"io.modelcontextprotocol/logLevel"}}"#
+        ));
+        assert!(!asks(
+            r#"{"arguments":{"_meta":{"io.modelcontextprotocol/logLevel":"info"}}}"#
+        ));
+        assert!(!asks_for_logs(None));
+    }
 
     #[tokio::test]
     async fn line_reader_skips_oversized_lines() {

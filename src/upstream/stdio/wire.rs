@@ -102,6 +102,30 @@ impl<'a> Outbound<'a> {
     }
 }
 
+/// Whether a request's `params._meta` sets `io.modelcontextprotocol/logLevel` (to anything but
+/// null): read as JSON, so the name inside a string (a tool's arguments) does not count.
+pub(super) fn asks_for_logs(params: Option<&RawValue>) -> bool {
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(rename = "_meta", borrow)]
+        meta: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(rename = "io.modelcontextprotocol/logLevel", borrow)]
+        level: Option<&'a RawValue>,
+    }
+    let Some(p) = params.filter(|p| p.get().contains(crate::protocol::meta::LOG_LEVEL)) else {
+        return false;
+    };
+    serde_json::from_str::<Params>(p.get())
+        .ok()
+        .and_then(|p| p.meta)
+        .and_then(|m| serde_json::from_str::<Meta>(m.get()).ok())
+        .and_then(|m| m.level)
+        .is_some_and(|l| l.get() != "null")
+}
+
 /// A message from the child.
 #[derive(Deserialize)]
 pub(super) struct Incoming<'a> {

@@ -118,7 +118,28 @@ async fn typescript_client_to_the_typescript_server_over_stdio() {
 #[tokio::test]
 async fn a_modern_clients_log_level_reaches_the_typescript_server() {
     let ts = ts_server(&[]).await;
-    let gw = Gateway::start(&gateway_config(&url_backend(&ts.url()))).await;
+    modern_log_levels(&url_backend(&ts.url())).await;
+}
+
+/// The same with the TypeScript server as a stdio child of the client's own (the default
+/// isolation): the bridge strips `logLevel` going up, so the transport is told the call asked.
+#[tokio::test]
+async fn a_modern_clients_log_level_reaches_the_typescript_stdio_server() {
+    modern_log_levels(&stdio(&ts_stdio_command())).await;
+}
+
+/// The same over a URL the probe finds to serve HTTP+SSE (no `transport` configured): the GET
+/// stream and the subscriptions go over the client's SSE session, not to the URL.
+#[tokio::test]
+async fn typescript_client_to_a_typescript_sse_server_found_by_the_probe() {
+    let ts = ts_server(&["--transport", "sse"]).await;
+    let backend = format!("url = \"http://127.0.0.1:{}/sse\"\n", ts.port);
+    subscribe_and_log(&backend, "typescript sse, probed", true).await;
+}
+
+/// A 2026-07-28 client's calls to the `log` tool with `logLevel` warning, debug and none.
+async fn modern_log_levels(backend: &str) {
+    let gw = Gateway::start(&gateway_config(backend)).await;
     let url = gw.url("/mcp/b");
     let call = |id: u64, level: Option<&'static str>| {
         let url = url.clone();

@@ -69,6 +69,8 @@ struct Opts {
     /// Legacy: `instructions` name the capabilities the `initialize` declared, so that each
     /// client's upstream session is answered differently.
     instructions_per_client: bool,
+    /// Advertise an `experimental` capability (`mock/extra`; not served).
+    experimental: bool,
 }
 
 /// Builder for a mock backend.
@@ -162,6 +164,7 @@ impl MockMcp {
                 header_tools: false,
                 subscribe_and_log: false,
                 instructions_per_client: false,
+                experimental: false,
             },
         }
     }
@@ -228,6 +231,12 @@ impl MockMcp {
     /// Advertise `resources.subscribe` and `logging`, and serve them (see `Opts`).
     pub fn subscribe_and_log(mut self) -> Self {
         self.opts.subscribe_and_log = true;
+        self
+    }
+
+    /// Advertise an `experimental` capability (see `Opts`).
+    pub fn experimental(mut self) -> Self {
+        self.opts.experimental = true;
         self
     }
 
@@ -469,6 +478,9 @@ fn caps(opts: &Opts) -> Value {
     if opts.subscribe_and_log {
         c["resources"]["subscribe"] = json!(true);
         c["logging"] = json!({});
+    }
+    if opts.experimental {
+        c["experimental"] = json!({"mock/extra": {}});
     }
     c
 }
