@@ -563,11 +563,28 @@ async fn a_listen_is_acknowledged_only_for_what_a_member_delivers() {
     let c = MockMcp::legacy().list_changed().start().await;
     let gw = Gateway::start(&config(&[&a.url(), &dead_url(), &c.url()], "'a', 'c'", "")).await;
     let params = json!({"notifications":{"toolsListChanged":true,"promptsListChanged":true}});
+    let (body, _, ack) = listen_on(&gw, "L8", params).await;
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged": true}),
+        "{ack}"
+    );
+    drop(body);
+    gw.stop().await;
+}
+
+/// Opens a listen on the endpoint `/mcp`: its stream, the stream's decoder, and the
+/// acknowledgement, which must come first.
+async fn listen_on(
+    gw: &Gateway,
+    id: &str,
+    params: Value,
+) -> (hyper::body::Incoming, portico::sse::SseDecoder, Value) {
     let resp = send_stream(
         "POST",
         &gw.url("/mcp"),
         &modern_headers("subscriptions/listen", None),
-        modern_body(json!("L8"), "subscriptions/listen", params),
+        modern_body(json!(id), "subscriptions/listen", params),
     )
     .await;
     assert_eq!(resp.status(), 200);
@@ -578,13 +595,7 @@ async fn a_listen_is_acknowledged_only_for_what_a_member_delivers() {
         first[0]["method"], "notifications/subscriptions/acknowledged",
         "{first:?}"
     );
-    assert_eq!(
-        first[0]["params"]["notifications"],
-        json!({"toolsListChanged": true}),
-        "{first:?}"
-    );
-    drop(body);
-    gw.stop().await;
+    (body, dec, first[0].clone())
 }
 
 /// A legacy HTTP member's `list_changed` arrives on its upstream session's GET stream; it
@@ -600,21 +611,7 @@ async fn list_changed_from_a_legacy_member_reaches_a_listener() {
     ))
     .await;
     let params = json!({"notifications":{"toolsListChanged":true}});
-    let resp = send_stream(
-        "POST",
-        &gw.url("/mcp"),
-        &modern_headers("subscriptions/listen", None),
-        modern_body(json!("L7"), "subscriptions/listen", params),
-    )
-    .await;
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
-    let mut dec = portico::sse::SseDecoder::new(1 << 20);
-    let first = read_for(&mut body, &mut dec, Duration::from_millis(300)).await;
-    assert_eq!(
-        first[0]["method"], "notifications/subscriptions/acknowledged",
-        "{first:?}"
-    );
+    let (mut body, mut dec, _) = listen_on(&gw, "L7", params).await;
     // The GET stream is opened by portico in the background; wait for it (bounded).
     let opened = Instant::now();
     while c.get_streams() == 0 {
