@@ -364,9 +364,6 @@ pub async fn call(
     })
 }
 
-/// Sends an already-translated message within the session, with the caller's team
-/// credentials (`team_headers`) over HTTP. Over stdio a request is pinned to the child
-/// generation the session was initialized on (`UpstreamError::Restarted` otherwise).
 /// How [`send_raw`] sends a message.
 #[derive(Clone, Copy)]
 struct How {
@@ -385,6 +382,9 @@ impl How {
     };
 }
 
+/// Sends an already-translated message within the session, with the caller's team
+/// credentials (`team_headers`) over HTTP. Over stdio a request is pinned to the child
+/// generation the session was initialized on (`UpstreamError::Restarted` otherwise).
 async fn send_raw(
     b: &Backend,
     s: &LegacySession,

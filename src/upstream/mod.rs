@@ -298,8 +298,9 @@ impl Drop for WarnBudget {
 /// What a message link (a stdio child's stdin, an HTTP+SSE session's POSTs) may hold queued
 /// and not yet written, in bytes. A server that stops reading must not make portico keep every
 /// message sent to it meanwhile; beyond this a request, or a client's notification or answer to
-/// the server, is refused at once (503), and a line portico writes of its own (a cancellation, an answer to a `ping`) is dropped. One message
-/// always fits when nothing is queued, whatever its size.
+/// the server, is refused at once (503), and a line portico writes of its own (a cancellation,
+/// an answer to a `ping`) is dropped. One message always fits when nothing is queued, whatever
+/// its size.
 pub const MAX_UNWRITTEN_BYTES: usize = 16 * 1024 * 1024;
 
 /// The sending half of a link's outgoing queue, bounded by [`MAX_UNWRITTEN_BYTES`]: a line
