@@ -338,7 +338,7 @@ fn readyz(state: &State, draining: bool) -> Response<Full<Bytes>> {
             let last = b.health.last();
             json!({
                 "name": &*b.name,
-                "transport": b.upstream.kind(),
+                "transport": b.transport().kind(),
                 "protocol": b.verdict().label(),
                 "status": status.label(),
                 "checked_ms_ago": last.as_ref().map(|(ago, _)| ago.as_millis() as u64),

@@ -188,10 +188,10 @@ impl State {
                 .values()
                 .map(|b| BackendMirror {
                     name: &b.name,
-                    transport: b.upstream.kind(),
+                    transport: b.transport().kind(),
                     up: b.health.status() == crate::backend::Status::Up,
                     protocol: b.verdict().label(),
-                    restarts: match &b.upstream {
+                    restarts: match b.transport() {
                         Upstream::Stdio(s) => Some(s.restarts()),
                         _ => None,
                     },

@@ -448,7 +448,7 @@ fn backend_info(
     BackendInfo {
         name: b.name.to_string(),
         protocol: b.verdict().label(),
-        transport: b.upstream.kind(),
+        transport: b.transport().kind(),
         health: HealthInfo {
             status: status.label(),
             checked_ms_ago: last
@@ -479,7 +479,7 @@ fn backend_info(
         }),
         legacy_sessions: b.bridge.session_count() as u64,
         parked_calls: b.bridge.parked.load(std::sync::atomic::Ordering::Relaxed),
-        stdio_restarts: match &b.upstream {
+        stdio_restarts: match b.transport() {
             Upstream::Stdio(s) => Some(s.restarts()),
             _ => None,
         },

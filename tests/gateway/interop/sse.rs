@@ -212,7 +212,7 @@ fn sse_transport_is_validated() {
 async fn the_probe_falls_back_to_http_sse() {
     let server = ts_server(&["--transport", "sse"]).await;
     let gw = Gateway::start(&format!(
-        "[log]\naccess = false\n[[backends]]\nname = \"ts\"\nurl = \"http://127.0.0.1:{}/sse\"\ntimeout_ms = 10000\n",
+        "[metrics]\n[log]\naccess = false\n[[backends]]\nname = \"ts\"\nurl = \"http://127.0.0.1:{}/sse\"\ntimeout_ms = 10000\n",
         server.port
     ))
     .await;
@@ -226,6 +226,11 @@ async fn the_probe_falls_back_to_http_sse() {
     .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(r.result()["result"]["content"][0]["text"], "found");
+    // Readiness names the transport found, not the URL's scheme.
+    let ready = send("GET", &gw.metrics_url("/readyz"), &[], "")
+        .await
+        .json();
+    assert_eq!(ready["backends"][0]["transport"], "sse", "{ready}");
     let (opened, _) = sse_sessions(&server).await;
     assert!(
         opened >= 2,
