@@ -579,7 +579,7 @@ async fn relay(
     route: &str,
     out: &mpsc::Sender<Bytes>,
 ) {
-    let (parts, mut body) = resp.into_parts();
+    let (parts, body) = resp.into_parts();
     if !answers {
         if parts.status.as_u16() >= 400 {
             let text = read_capped(body).await.unwrap_or_default();
@@ -590,36 +590,20 @@ async fn relay(
     }
     let mut answered = false;
     let failure = if is_event_stream(&parts.headers) {
-        let mut dec = crate::sse::SseDecoder::new(MAX_ANSWER_BYTES);
+        let mut events = Events::new(body);
         loop {
-            match body.frame().await {
-                None => {
-                    if let Some(ev) = dec.finish() {
-                        answered |= emit(&ev, out).await;
-                    }
-                    break None;
-                }
-                Some(Err(e)) => break Some(format!("the answer stream broke: {e}")),
-                Some(Ok(frame)) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    dec.push(&data);
-                    loop {
-                        match dec.next_event() {
-                            Ok(Some(ev)) => answered |= emit(&ev, out).await,
-                            Ok(None) => break,
-                            Err(_) => {
-                                return fail(
-                                    id,
-                                    route,
-                                    "an answer message is larger than the relay limit",
-                                    out,
-                                )
-                                .await;
-                            }
-                        }
-                    }
+            match events.next().await {
+                Ok(Some(ev)) => answered |= emit(&ev, out).await,
+                Ok(None) => break None,
+                Err(EventsEnd::Broke(e)) => break Some(format!("the answer stream broke: {e}")),
+                Err(EventsEnd::TooLarge) => {
+                    return fail(
+                        id,
+                        route,
+                        "an answer message is larger than the relay limit",
+                        out,
+                    )
+                    .await;
                 }
             }
         }
@@ -642,30 +626,71 @@ async fn relay(
     }
 }
 
-/// A session's GET stream: each event a line, for as long as the stream lasts.
-async fn relay_notes(mut body: Body, out: mpsc::Sender<Bytes>) {
-    let mut dec = crate::sse::SseDecoder::new(MAX_ANSWER_BYTES);
-    while let Some(Ok(frame)) = body.frame().await {
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        dec.push(&data);
+/// How an event stream ended other than at its end.
+enum EventsEnd {
+    Broke(crate::body::BodyError),
+    TooLarge,
+}
+
+/// The events of an SSE body, one message each, up to `MAX_ANSWER_BYTES` apiece.
+struct Events {
+    body: Body,
+    dec: crate::sse::SseDecoder,
+    ended: bool,
+}
+
+impl Events {
+    fn new(body: Body) -> Events {
+        Events {
+            body,
+            dec: crate::sse::SseDecoder::new(MAX_ANSWER_BYTES),
+            ended: false,
+        }
+    }
+
+    /// The next event; `None` once the body has ended (never polled past its end).
+    async fn next(&mut self) -> Result<Option<Bytes>, EventsEnd> {
         loop {
-            match dec.next_event() {
-                Ok(Some(ev)) => {
-                    emit(&ev, &out).await;
+            if let Some(ev) = self.dec.next_event().map_err(|_| EventsEnd::TooLarge)? {
+                return Ok(Some(ev));
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            match self.body.frame().await {
+                None => {
+                    self.ended = true;
+                    return Ok(self.dec.finish());
                 }
-                Ok(None) => break,
-                Err(_) => {
-                    tracing::warn!(
-                        "a notification is larger than the relay limit; the session's notification stream is closed"
-                    );
-                    return;
+                Some(Err(e)) => return Err(EventsEnd::Broke(e)),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.dec.push(&data);
+                    }
                 }
             }
         }
-        if out.is_closed() {
-            return;
+    }
+}
+
+/// A session's GET stream: each event a line, for as long as the stream lasts.
+async fn relay_notes(body: Body, out: mpsc::Sender<Bytes>) {
+    let mut events = Events::new(body);
+    loop {
+        match events.next().await {
+            Ok(Some(ev)) => {
+                emit(&ev, &out).await;
+                if out.is_closed() {
+                    return;
+                }
+            }
+            Ok(None) | Err(EventsEnd::Broke(_)) => return,
+            Err(EventsEnd::TooLarge) => {
+                tracing::warn!(
+                    "a notification is larger than the relay limit; the session's notification stream is closed"
+                );
+                return;
+            }
         }
     }
 }
