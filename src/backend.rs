@@ -255,6 +255,10 @@ pub struct BridgeState {
     /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
     /// One GET stream per session serves both (servers may allow only one).
     pub(crate) notes: tokio::sync::broadcast::Sender<Bytes>,
+    /// Whether the server refused a session's GET stream (HTTP 405, the spec's way to offer
+    /// none): learned on the first refusal, after which list changes and resource updates —
+    /// which only that stream carries — are no longer advertised (`bridge::delivered`).
+    pub(crate) no_get_stream: AtomicBool,
     /// Calls parked for a 2026-07-28 client's answers (`bridge::input`), now.
     pub parked: AtomicU64,
     /// Parked calls whose hold ran out.
@@ -285,6 +289,7 @@ impl BridgeState {
             reaper: AtomicBool::new(false),
             next_id: Default::default(),
             notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
+            no_get_stream: AtomicBool::new(false),
             parked: AtomicU64::new(0),
             parked_expired: AtomicU64::new(0),
             last_init: Mutex::new(None),

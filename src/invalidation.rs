@@ -23,6 +23,7 @@ use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -284,6 +285,8 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
             drain(backend, cache, stream, true).await
         }
         _ if reply.status == http::StatusCode::METHOD_NOT_ALLOWED => {
+            // Learned for the bridge too: nothing advertises what this stream would carry.
+            backend.bridge.no_get_stream.store(true, Ordering::Relaxed);
             Ended::Unsupported("the legacy server offers no GET stream (405)".into())
         }
         _ => Ended::Failed(format!("GET stream answered HTTP {}", reply.status)),

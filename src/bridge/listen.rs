@@ -86,6 +86,9 @@ pub(super) async fn listen(
     };
     let req: Value =
         serde_json::from_slice(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
+    if !has_channel(b, &s) {
+        return Ok(nothing_to_hear(id));
+    }
     let filter = &req["params"]["notifications"];
     let caps = &s.init["capabilities"];
     let mut agreed = Map::new();
@@ -105,10 +108,10 @@ pub(super) async fn listen(
     // The transport, not the configured URL's: a URL the probe found to serve HTTP+SSE has
     // its sessions, and their messages, on the SSE link.
     let (rx, stream) = match b.transport() {
-        Upstream::Http(up) => {
-            let st = session_stream(b, up, &slot, &s).await?;
-            (st.subscribe(), Some(st))
-        }
+        Upstream::Http(up) => match session_stream(b, up, &slot, &s).await? {
+            Some(st) => (st.subscribe(), Some(st)),
+            None => return Ok(nothing_to_hear(id)),
+        },
         _ => match stdio_of(b, slot.value.child.as_ref()) {
             Some(child) => (child.subscribe(), None),
             None => {
@@ -143,10 +146,7 @@ pub(super) async fn listen(
     }
     // 3. the acknowledgement, now that portico has the stream
     let sid = id.to_value();
-    let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",
-        "params":{"notifications":agreed,"_meta":{meta::SUBSCRIPTION_ID: sid}}});
-    let done = json!({"jsonrpc":"2.0","id":sid,"result":{"resultType":"complete",
-        "_meta":{meta::SUBSCRIPTION_ID: sid}}});
+    let (ack, done) = ack_and_end(agreed, &sid);
     let messages = async_stream(move |tx| async move {
         // Held for the stream's life: the session stream and the subscriptions.
         let _held = (stream, subs);
@@ -181,6 +181,35 @@ pub(super) async fn listen(
         headers: HeaderMap::new(),
         messages: MessageStream::Many(messages.boxed()),
     }))
+}
+
+/// Whether the session `s` has a channel for what its server says unasked. Over HTTP that is
+/// the session's GET stream, which a stateless server (no `Mcp-Session-Id`) cannot tie to a
+/// session and a server that answered it 405 does not offer (`BridgeState::no_get_stream`).
+pub(super) fn has_channel(b: &Backend, s: &LegacySession) -> bool {
+    !matches!(b.transport(), Upstream::Http(_))
+        || (s.id.is_some() && !b.bridge.no_get_stream.load(Ordering::Relaxed))
+}
+
+/// The acknowledgement of what was agreed, and the result that ends the listen.
+fn ack_and_end(agreed: Map<String, Value>, sid: &Value) -> (Value, Value) {
+    let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",
+        "params":{"notifications":agreed,"_meta":{meta::SUBSCRIPTION_ID: sid}}});
+    let done = json!({"jsonrpc":"2.0","id":sid,"result":{"resultType":"complete",
+        "_meta":{meta::SUBSCRIPTION_ID: sid}}});
+    (ack, done)
+}
+
+/// A listen on a session with no channel: nothing can be delivered, so nothing is agreed, and
+/// the listen ends at once rather than holding a stream that will stay silent.
+fn nothing_to_hear(id: &RequestId) -> Bridged {
+    let (ack, done) = ack_and_end(Map::new(), &id.to_value());
+    let messages = [ack, done].map(|m| Ok(Bytes::from(m.to_string())));
+    Bridged::Answer(Reply {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        messages: MessageStream::Many(futures_util::stream::iter(messages).boxed()),
+    })
 }
 
 /// A listen answer (any backend kind) as the client gets it: every notification carries the
@@ -281,16 +310,17 @@ fn relayed(
     Some(Bytes::from(v.to_string()))
 }
 
-/// The session's GET stream, opened when nobody holds it.
+/// The session's GET stream, opened when nobody holds it; `None` when the server answered
+/// 405, offering none (learned for the backend: see [`has_channel`]).
 async fn session_stream(
     b: &Arc<Backend>,
     up: &Arc<HttpUpstream>,
     slot: &Held,
     s: &LegacySession,
-) -> Result<Arc<SessionStream>, GatewayError> {
+) -> Result<Option<Arc<SessionStream>>, GatewayError> {
     let mut held = slot.value.stream.lock().await;
     if let Some(st) = held.upgrade() {
-        return Ok(st);
+        return Ok(Some(st));
     }
     let req = stream_request(up, s);
     let reply = up
@@ -299,6 +329,10 @@ async fn session_stream(
         .map_err(|e| upstream_err(b, &e))?;
     let mut messages = match reply.messages {
         MessageStream::Many(m) if reply.status.is_success() => m,
+        _ if reply.status == StatusCode::METHOD_NOT_ALLOWED => {
+            b.bridge.no_get_stream.store(true, Ordering::Relaxed);
+            return Ok(None);
+        }
         _ => {
             return Err(GatewayError::BackendFailed {
                 backend: b.name.to_string(),
@@ -329,7 +363,7 @@ async fn session_stream(
         task: task.abort_handle(),
     });
     *held = Arc::downgrade(&st);
-    Ok(st)
+    Ok(Some(st))
 }
 
 /// One request portico makes in the session for itself; whether it succeeded.

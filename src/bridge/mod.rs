@@ -74,7 +74,7 @@ pub use translate::{fuzz_both_ways as fuzz_translate, upward_agrees};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
@@ -160,7 +160,9 @@ async fn discover(
 
 /// The legacy server's capabilities as far as portico delivers them to a 2026-07-28 client
 /// (issue #20 item 4): list changes, resource subscriptions and completions are bridged
-/// (`listen`); `logging` only where log lines can be told apart per client — not on a stdio
+/// (`listen`) — list changes and resource updates only where the session has a channel for
+/// them (`listen::has_channel`: not a stateless HTTP server, nor one that refused the GET
+/// stream); `logging` only where log lines can be told apart per client — not on a stdio
 /// child shared by every client, whose unasked lines are everybody's (docs/protocol.md §8 item
 /// 17); the in-core experimental `tasks` of 2025-11-25 is not the 2026 tasks extension and is
 /// not bridged.
@@ -170,6 +172,18 @@ fn delivered(b: &Backend, s: &LegacySession) -> serde_json::Value {
         c.remove("tasks");
         if on_shared_child(b, s.child.as_ref()) {
             c.remove("logging");
+        }
+        if !listen::has_channel(b, s) {
+            for (kind, unasked) in [
+                ("tools", "listChanged"),
+                ("prompts", "listChanged"),
+                ("resources", "listChanged"),
+                ("resources", "subscribe"),
+            ] {
+                if let Some(k) = c.get_mut(kind).and_then(Value::as_object_mut) {
+                    k.remove(unasked);
+                }
+            }
         }
     }
     caps

@@ -4,7 +4,7 @@
 //! carries the client's `subscriptionId`, outlives `timeout_ms` with keep-alive comments, and
 //! ends upstream too when the client leaves (`portico_listen_streams` back to 0).
 
-use crate::common::mock::MockMcp;
+use crate::common::mock::{LegacyRejects, MockMcp};
 use crate::common::*;
 use crate::legacy::OldClient;
 use http_body_util::BodyExt;
@@ -251,6 +251,49 @@ async fn legacy_http_listen_uses_the_session_stream_and_subscribes_upstream() {
     })
     .await;
     gw.stop().await;
+}
+
+/// A legacy HTTP server with no GET stream — stateless (no session to tie it to), or one that
+/// answers the GET 405 — cannot deliver list changes or resource updates: a listen is
+/// acknowledged with nothing agreed and ends at once (it failed before), and from then on
+/// neither `server/discover` nor a legacy client's `initialize` advertises them.
+#[tokio::test]
+async fn a_server_without_a_get_stream_is_not_promised_what_it_would_carry() {
+    for stateless in [true, false] {
+        let m = MockMcp::legacy().list_changed().subscribe_and_log();
+        let m = if stateless {
+            m.stateless().rejects(LegacyRejects::AnswerLegacy)
+        } else {
+            m.no_get_stream()
+        };
+        let m = m.start().await;
+        let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+        let url = gw.url("/mcp/b");
+        let filter = json!({"toolsListChanged": true, "resourceSubscriptions": ["mock://r"]});
+        let (status, mut l) = Listen::open(&url, json!("L"), filter).await;
+        assert_eq!(status, 200, "stateless {stateless}");
+        // `read` returns at the stream's end, or after 3 s on a stream held open.
+        let msgs = l.read(3000).await;
+        assert_eq!(msgs.len(), 2, "stateless {stateless}: {msgs:?}");
+        assert_eq!(
+            msgs[0]["method"],
+            "notifications/subscriptions/acknowledged"
+        );
+        assert_eq!(msgs[0]["params"]["notifications"], json!({}), "{msgs:?}");
+        assert_eq!(msgs[1]["id"], "L");
+        assert_eq!(msgs[1]["result"]["resultType"], "complete", "{msgs:?}");
+        assert_eq!(m.count("resources/subscribe"), 0, "nothing would carry it");
+        let d = mcp(&url, json!(0), "server/discover", json!({}))
+            .await
+            .json()["result"]
+            .clone();
+        let caps = &d["capabilities"];
+        assert_eq!(caps["tools"], json!({}), "stateless {stateless}: {d}");
+        assert_eq!(caps["resources"], json!({}), "stateless {stateless}: {d}");
+        let (_, init) = OldClient::connect(&url, "2025-11-25").await;
+        assert_eq!(init["capabilities"], d["capabilities"], "{init}");
+        gw.stop().await;
+    }
 }
 
 /// Over stdio, both eras: the child's notifications (modern: tagged with the id portico gave

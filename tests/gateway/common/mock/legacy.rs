@@ -19,7 +19,7 @@ pub(super) async fn legacy(
         }
         return empty(StatusCode::OK);
     }
-    if parts.method == Method::GET && !opts.stateless {
+    if parts.method == Method::GET && !opts.stateless && !opts.no_get_stream {
         // The standalone SSE stream of a session (legacy Streamable HTTP).
         let known = session
             .as_ref()

@@ -71,6 +71,8 @@ struct Opts {
     instructions_per_client: bool,
     /// Advertise an `experimental` capability (`mock/extra`; not served).
     experimental: bool,
+    /// Legacy: sessions, but a GET (the standalone stream) is answered 405.
+    no_get_stream: bool,
 }
 
 /// Builder for a mock backend.
@@ -165,6 +167,7 @@ impl MockMcp {
                 subscribe_and_log: false,
                 instructions_per_client: false,
                 experimental: false,
+                no_get_stream: false,
             },
         }
     }
@@ -231,6 +234,12 @@ impl MockMcp {
     /// Advertise `resources.subscribe` and `logging`, and serve them (see `Opts`).
     pub fn subscribe_and_log(mut self) -> Self {
         self.opts.subscribe_and_log = true;
+        self
+    }
+
+    /// Legacy: refuse the standalone GET stream with 405 (see `Opts`).
+    pub fn no_get_stream(mut self) -> Self {
+        self.opts.no_get_stream = true;
         self
     }
 
