@@ -9,6 +9,10 @@
 //! - **a cap** (`max_upstream_sessions`): inserting beyond it evicts the least recently used
 //!   slot no request holds; when every slot is held, the new owner is refused rather than a
 //!   request in flight cut off;
+//! - **a quota per group** (`max_upstream_sessions_per_context`): a 2026-07-28 client's owner
+//!   key includes the capabilities it declares, which it may vary at will; its slots are
+//!   grouped by its authorization context, and a group at its quota makes room among its own
+//!   slots — so one client cannot push everybody else's idle sessions out at the cap;
 //! - **idle reaping** (`upstream_idle_ms`, and a legacy client's session expiry): [`Pool::reap`]
 //!   returns what has been unused too long.
 //!
@@ -26,6 +30,8 @@ pub type OwnerKey = [u8; 32];
 /// One pooled resource and when it was last used.
 pub struct Slot<T> {
     pub key: OwnerKey,
+    /// The group whose quota the slot counts against (`None`: none).
+    group: Option<OwnerKey>,
     pub value: T,
     /// Milliseconds since the pool's epoch.
     last_used: AtomicU64,
@@ -58,12 +64,23 @@ type Slots<T> = HashMap<OwnerKey, Arc<Slot<T>>, foldhash::fast::RandomState>;
 /// A slot got or made, and the slots evicted to make room for it (for the caller to close).
 pub type Taken<T> = (Arc<Slot<T>>, Vec<Arc<Slot<T>>>);
 
+/// Why no slot was made: every slot that would have to go is held by a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The pool is at its cap.
+    Cap,
+    /// The owner's group is at its quota.
+    Quota,
+}
+
 /// The pool of one backend.
 pub struct Pool<T> {
     /// foldhash: the keys are SHA-256 digests (`bridge::owner`), which nobody can choose to
     /// collide, and SipHash cost more than the rest of a lookup on every bridged request.
     slots: Mutex<Slots<T>>,
     cap: usize,
+    /// Slots one group may hold.
+    quota: usize,
     idle: Duration,
     epoch: Instant,
 }
@@ -77,10 +94,11 @@ pub fn unix_ms() -> u64 {
 }
 
 impl<T> Pool<T> {
-    pub fn new(cap: usize, idle: Duration) -> Pool<T> {
+    pub fn new(cap: usize, quota: usize, idle: Duration) -> Pool<T> {
         Pool {
             slots: Mutex::new(Slots::default()),
             cap: cap.max(1),
+            quota: quota.max(1),
             idle,
             epoch: Instant::now(),
         }
@@ -101,46 +119,57 @@ impl<T> Pool<T> {
     }
 
     /// The slot of `key`, made by `make` when there is none, marked used. Also returns the
-    /// slots evicted to stay within the cap, for the caller to close. `None`: the pool is at
-    /// its cap and a request holds every slot — closing one would cut that request off, so the
-    /// newcomer is the one refused.
+    /// slots evicted to stay within `group`'s quota and the cap, for the caller to close.
+    /// Refused when a request holds every slot that would have to go — closing one would cut
+    /// that request off, so the newcomer is the one refused. A new slot's group is counted by
+    /// a walk over the slots: only a new owner pays it, never a request that finds its slot.
     pub fn get_or_insert_with(
         &self,
         key: OwnerKey,
+        group: Option<OwnerKey>,
         expires_ms: u64,
         make: impl FnOnce() -> T,
-    ) -> Option<Taken<T>> {
+    ) -> Result<Taken<T>, Refused> {
         let now = self.now();
         let mut slots = self.lock();
         if let Some(s) = slots.get(&key) {
             s.last_used.store(now, Ordering::Relaxed);
-            return Some((s.clone(), Vec::new()));
+            return Ok((s.clone(), Vec::new()));
         }
-        let mut evicted = Vec::new();
-        while slots.len() >= self.cap {
-            // The least recently used slot no request holds, a pinned one only when no other
-            // is free.
-            let lru = |pinned_ok: bool| {
+        // The least recently used slot no request holds among those `of` accepts, a pinned
+        // one only when no other is free.
+        let lru = |slots: &Slots<T>, of: &dyn Fn(&Slot<T>) -> bool| {
+            let free = |pinned_ok: bool| {
                 slots
                     .values()
-                    .filter(|s| Arc::strong_count(s) == 1 && (pinned_ok || !s.pinned()))
+                    .filter(|s| Arc::strong_count(s) == 1 && (pinned_ok || !s.pinned()) && of(s))
                     .min_by_key(|s| s.last_used.load(Ordering::Relaxed))
                     .map(|s| s.key)
             };
-            let victim = lru(false).or_else(|| lru(true))?;
-            if let Some(s) = slots.remove(&victim) {
-                evicted.push(s);
+            free(false).or_else(|| free(true))
+        };
+        let mut evicted = Vec::new();
+        if let Some(g) = group {
+            let mine = |s: &Slot<T>| s.group == Some(g);
+            while slots.values().filter(|s| mine(s)).count() >= self.quota {
+                let victim = lru(&slots, &mine).ok_or(Refused::Quota)?;
+                evicted.extend(slots.remove(&victim));
             }
+        }
+        while slots.len() >= self.cap {
+            let victim = lru(&slots, &|_| true).ok_or(Refused::Cap)?;
+            evicted.extend(slots.remove(&victim));
         }
         let slot = Arc::new(Slot {
             key,
+            group,
             value: make(),
             last_used: AtomicU64::new(now),
             expires_ms,
             pinned: Default::default(),
         });
         slots.insert(key, slot.clone());
-        Some((slot, evicted))
+        Ok((slot, evicted))
     }
 
     /// The slot of `key`, if any (not marked used).
@@ -202,37 +231,80 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_idle_slot_is_evicted_at_the_cap() {
-        let pool = Pool::new(2, Duration::from_secs(60));
-        let (a, _) = pool.get_or_insert_with(key(1), u64::MAX, || "a").unwrap();
+        let pool = Pool::new(2, 2, Duration::from_secs(60));
+        let (a, _) = pool
+            .get_or_insert_with(key(1), None, u64::MAX, || "a")
+            .unwrap();
         std::thread::sleep(Duration::from_millis(3));
-        let (b, _) = pool.get_or_insert_with(key(2), u64::MAX, || "b").unwrap();
+        let (b, _) = pool
+            .get_or_insert_with(key(2), None, u64::MAX, || "b")
+            .unwrap();
         drop(b);
         std::thread::sleep(Duration::from_millis(3));
         // `a` is older but held by a request: `b` goes.
-        let (c, evicted) = pool.get_or_insert_with(key(3), u64::MAX, || "c").unwrap();
+        let (c, evicted) = pool
+            .get_or_insert_with(key(3), None, u64::MAX, || "c")
+            .unwrap();
         assert_eq!(evicted.iter().map(|s| s.value).collect::<Vec<_>>(), ["b"]);
         drop(evicted);
         // Both held now: a newcomer is refused, and nobody is evicted.
-        assert!(pool.get_or_insert_with(key(9), u64::MAX, || "x").is_none());
+        assert!(
+            pool.get_or_insert_with(key(9), None, u64::MAX, || "x")
+                .err()
+                == Some(Refused::Cap)
+        );
         assert_eq!(pool.len(), 2);
         drop((a, c));
-        let (_d, evicted) = pool.get_or_insert_with(key(4), u64::MAX, || "d").unwrap();
+        let (_d, evicted) = pool
+            .get_or_insert_with(key(4), None, u64::MAX, || "d")
+            .unwrap();
         assert_eq!(evicted.len(), 1);
         assert_eq!(pool.len(), 2);
         // The same key again is the same slot.
         let (d2, evicted) = pool
-            .get_or_insert_with(key(4), u64::MAX, || "other")
+            .get_or_insert_with(key(4), None, u64::MAX, || "other")
             .unwrap();
         assert!(evicted.is_empty());
         assert_eq!(d2.value, "d");
     }
 
     #[test]
+    fn a_group_at_its_quota_makes_room_among_its_own_slots() {
+        let pool = Pool::new(4, 2, Duration::from_secs(60));
+        let (alice, bob) = (Some(key(100)), Some(key(200)));
+        drop(pool.get_or_insert_with(key(1), bob, u64::MAX, || "bob"));
+        std::thread::sleep(Duration::from_millis(3));
+        drop(pool.get_or_insert_with(key(2), None, u64::MAX, || "legacy"));
+        std::thread::sleep(Duration::from_millis(3));
+        // Alice varies her key: past her quota of 2, her own oldest slot goes — never Bob's
+        // or the legacy client's, older though they are.
+        let mut gone = Vec::new();
+        for n in 10..16 {
+            let (_, evicted) = pool
+                .get_or_insert_with(key(n), alice, u64::MAX, || "alice")
+                .unwrap();
+            gone.extend(evicted.iter().map(|s| s.value));
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        assert_eq!(gone, ["alice"; 4]);
+        assert_eq!(pool.len(), 4);
+        assert!(pool.get(&key(1)).is_some() && pool.get(&key(2)).is_some());
+        // Both of hers held by requests: the newcomer is refused, not anyone else evicted.
+        let held = (pool.get(&key(14)), pool.get(&key(15)));
+        let r = pool.get_or_insert_with(key(16), alice, u64::MAX, || "alice");
+        assert_eq!(r.err(), Some(Refused::Quota));
+        assert_eq!(pool.len(), 4);
+        drop(held);
+    }
+
+    #[test]
     fn idle_and_expired_slots_are_reaped_unless_held() {
-        let pool = Pool::new(8, Duration::from_millis(5));
-        let (held, _) = pool.get_or_insert_with(key(1), u64::MAX, || 1).unwrap();
-        drop(pool.get_or_insert_with(key(2), u64::MAX, || 2));
-        drop(pool.get_or_insert_with(key(3), 0, || 3)); // already expired
+        let pool = Pool::new(8, 8, Duration::from_millis(5));
+        let (held, _) = pool
+            .get_or_insert_with(key(1), None, u64::MAX, || 1)
+            .unwrap();
+        drop(pool.get_or_insert_with(key(2), None, u64::MAX, || 2));
+        drop(pool.get_or_insert_with(key(3), None, 0, || 3)); // already expired
         assert_eq!(pool.reap().iter().map(|s| s.value).collect::<Vec<_>>(), [3]);
         std::thread::sleep(Duration::from_millis(10));
         let reaped: Vec<_> = pool.reap().iter().map(|s| s.value).collect();

@@ -27,6 +27,11 @@ pub struct Owner {
     pub key: OwnerKey,
     /// The cancellation scope: the client (context or legacy session) the requests are of.
     pub scope: OwnerKey,
+    /// The group whose quota of pooled sessions this owner's counts against
+    /// (`max_upstream_sessions_per_context`): a 2026-07-28 client's authorization context,
+    /// since it chooses the capabilities in its key. `None` for an initialize-era client's
+    /// session (one `initialize`, one session) and portico.
+    pub group: Option<OwnerKey>,
     /// The revision asked for in `initialize` (a legacy client's negotiated one; else the
     /// newest the bridge speaks).
     pub version: &'static str,
@@ -101,6 +106,7 @@ impl Owner {
         Owner {
             key,
             scope: key,
+            group: None,
             version: LEGACY_VERSIONS[0],
             capabilities: "{}".into(),
             client_info: None,
@@ -119,6 +125,7 @@ impl Owner {
         Owner {
             key,
             scope,
+            group: Some(scope),
             version: LEGACY_VERSIONS[0],
             capabilities: caps_raw.into(),
             client_info: client_info.map(Into::into),
@@ -142,6 +149,7 @@ impl Owner {
         Owner {
             key,
             scope: key,
+            group: None,
             version: LEGACY_VERSIONS
                 .iter()
                 .find(|v| **v == version)

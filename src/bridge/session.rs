@@ -17,7 +17,7 @@ use super::probe::{ensure_verdict, initialize_refusal_is_modern, response_of};
 use super::{Bridged, base_headers, collect, upstream_err};
 use crate::backend::{Backend, LegacySession, SessionSlot, Verdict};
 use crate::error::GatewayError;
-use crate::pool::{OwnerKey, Slot};
+use crate::pool::{OwnerKey, Refused, Slot};
 use crate::protocol::header as h;
 use crate::upstream::http::HttpUpstream;
 use crate::upstream::stdio::{CallOptions, StdioUpstream};
@@ -188,21 +188,33 @@ pub(super) async fn session_or_modern(
     deadline: Instant,
 ) -> Result<(Held, Arc<LegacySession>), SessionError> {
     let key = slot_key(b, owner);
-    let Some((slot, evicted)) = b
-        .bridge
-        .pool
-        .get_or_insert_with(key, owner.expires_ms, || new_slot(b, &key, owner, team))
-    else {
-        tracing::warn!(backend = %b.name, "max_upstream_sessions reached and a request holds every upstream session; refused");
-        return Err(SessionError::Failed(GatewayError::Overloaded {
-            backend: b.name.to_string(),
-        }));
+    let group = owner.group.filter(|_| key != OWN);
+    let (slot, evicted) = match b.bridge.pool.get_or_insert_with(
+        key,
+        group,
+        owner.expires_ms,
+        || new_slot(b, &key, owner, team),
+    ) {
+        Ok(taken) => taken,
+        Err(refused) => {
+            match refused {
+                Refused::Cap => {
+                    tracing::warn!(backend = %b.name, "max_upstream_sessions reached and a request holds every upstream session; refused")
+                }
+                Refused::Quota => {
+                    tracing::warn!(backend = %b.name, "max_upstream_sessions_per_context reached and a request holds every upstream session of the client's context; refused")
+                }
+            }
+            return Err(SessionError::Failed(GatewayError::Overloaded {
+                backend: b.name.to_string(),
+            }));
+        }
     };
     if key == OWN {
         slot.pin();
     }
     for old in evicted {
-        tracing::info!(backend = %b.name, "max_upstream_sessions reached: closing the least recently used upstream session");
+        tracing::info!(backend = %b.name, "max_upstream_sessions (or the client context's quota) reached: closing the least recently used upstream session");
         tokio::spawn(close_slot(b.clone(), old));
     }
     start_reaper(b);

@@ -44,6 +44,9 @@ pub const DEFAULT_MAX_IDLE_CONNECTIONS: usize = 256;
 /// initialize-era backend keeps open for clients at once; beyond it the least recently used
 /// is closed.
 pub const DEFAULT_MAX_UPSTREAM_SESSIONS: usize = 64;
+/// Of those, the sessions one 2026-07-28 client's authorization context may hold (one per set
+/// of capabilities it declares); beyond it the context's own least recently used is closed.
+pub const DEFAULT_MAX_UPSTREAM_SESSIONS_PER_CONTEXT: usize = 8;
 /// An upstream session unused this long is closed (its client's next request opens a new one).
 pub const DEFAULT_UPSTREAM_IDLE_MS: u64 = 10 * 60 * 1000;
 /// How long a call of an initialize-era backend waits parked for the client's answers to the
@@ -519,6 +522,11 @@ pub struct BackendConfig {
     /// or stdio children under `per_client`); beyond it the least recently used is closed.
     #[serde(default = "default_max_upstream_sessions")]
     pub max_upstream_sessions: usize,
+    /// Of `max_upstream_sessions`, how many one 2026-07-28 client's authorization context may
+    /// hold (its key includes the capabilities it declares, which it may vary); beyond it the
+    /// context's own least recently used is closed, never another client's.
+    #[serde(default = "default_max_upstream_sessions_per_context")]
+    pub max_upstream_sessions_per_context: usize,
     /// An upstream session (or per-client stdio child) unused this long is closed.
     #[serde(default = "default_upstream_idle_ms")]
     pub upstream_idle_ms: u64,
@@ -744,6 +752,7 @@ default_fns! {
     default_debounce_ms: u64 = DEFAULT_DEBOUNCE_MS;
     default_max_idle_connections: usize = DEFAULT_MAX_IDLE_CONNECTIONS;
     default_max_upstream_sessions: usize = DEFAULT_MAX_UPSTREAM_SESSIONS;
+    default_max_upstream_sessions_per_context: usize = DEFAULT_MAX_UPSTREAM_SESSIONS_PER_CONTEXT;
     default_upstream_idle_ms: u64 = DEFAULT_UPSTREAM_IDLE_MS;
     default_input_hold_ms: u64 = DEFAULT_INPUT_HOLD_MS;
     default_sampling_ratio: f64 = DEFAULT_SAMPLING_RATIO;

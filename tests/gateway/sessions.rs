@@ -652,6 +652,57 @@ async fn upstream_sessions_are_capped_and_reaped_when_idle() {
     assert_eq!(mock.session_count(), 0);
 }
 
+/// `max_upstream_sessions_per_context`: a 2026-07-28 client that varies the capabilities it
+/// declares gets a session per variant, but past its context's quota its own least recently
+/// used goes — an initialize-era client's idle session, and the state the server keeps in it,
+/// survive however many variants it sends.
+#[tokio::test]
+async fn one_client_varying_its_capabilities_cannot_push_out_others_sessions() {
+    let mock = MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}",
+        http_backend(
+            &mock.url(),
+            "max_upstream_sessions = 4\nmax_upstream_sessions_per_context = 2"
+        )
+    ))
+    .await;
+    let url = gw.url("/mcp/b");
+    let old = Old::connect(&url, None, "{}").await;
+    assert_eq!(
+        text(&old.tool(json!(1), "store", json!({"value":"kept"})).await),
+        "stored"
+    );
+    for n in 0..10 {
+        let caps = format!(r#"{{"experimental":{{"variant{n}":{{}}}}}}"#);
+        let r = modern(
+            &url,
+            None,
+            json!(n),
+            "tools/call",
+            json!({"name":"echo","arguments":{"text":"x"}}),
+            &caps,
+        )
+        .await;
+        assert_eq!(text(&r), "x", "variant {n}");
+    }
+    let st = mock.state.clone();
+    eventually("the variants' own sessions deleted", || {
+        st.deleted.lock().unwrap().len() == 8
+    })
+    .await;
+    assert_eq!(
+        text(&old.tool(json!(2), "recall", json!({})).await),
+        "kept",
+        "the legacy client's session and its state are intact"
+    );
+    assert_eq!(
+        mock.session_count(),
+        3,
+        "the legacy client's and two variants"
+    );
+}
+
 /// Two replicas with one `[sessions] key` and one Redis: a legacy client's upstream session
 /// follows it to the other replica; `DELETE` on one ends it on both (404), and closes it
 /// upstream. Within a live session an unknown method is 200 + -32601.
