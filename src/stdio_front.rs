@@ -17,7 +17,8 @@
 //!   2026-07-28 is such a request (refused as removed, `-32601`), not the start of a session.
 //!   What such a client would hear on its GET stream (list changes, resource updates, log
 //!   lines) is written to stdout as it comes: the stream is opened in-process right after the
-//!   `initialize` answer, so what `initialize` advertises is delivered here too.
+//!   `initialize` answer, so what `initialize` advertises is delivered here too, and reopened
+//!   when it ends (`[server] max_stream_ms`, a backend restart) as an HTTP client reconnects.
 //! - **`Mcp-Param-*`.** A 2026-07-28 `tools/call` line is marked [`frontend::BuiltByPortico`]:
 //!   the pipeline then takes the message path, where the per-backend step adds the headers a
 //!   Streamable HTTP client would have built from the tool's `inputSchema`.
@@ -65,6 +66,10 @@ pub const STDIO_SESSION_TTL_MS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
 const OUT_QUEUE: usize = 256;
 /// Largest single answer message relayed as one line.
 const MAX_ANSWER_BYTES: usize = crate::sse::DEFAULT_MAX_EVENT_BYTES;
+/// The first wait before a session's ended GET stream is reopened; doubled after each failed
+/// reopen, up to [`NOTES_REOPEN_MAX`], and back to this after a stream that lasted that long.
+const NOTES_REOPEN_MIN: Duration = Duration::from_millis(250);
+const NOTES_REOPEN_MAX: Duration = Duration::from_secs(30);
 /// Requests handled at once; past this, stdin is not read until one finishes (backpressure on a
 /// client that pipes faster than the backend answers).
 const MAX_IN_FLIGHT: usize = 1024;
@@ -480,21 +485,23 @@ impl LineCtx<'_> {
         );
         headers.insert(h::names::SESSION_ID, session.session_id.clone());
         headers.insert(h::names::PROTOCOL_VERSION, session.version.clone());
-        let mut req = Request::new(Full::new(Bytes::new()));
-        *req.method_mut() = Method::GET;
-        *req.uri_mut() =
-            http::Uri::try_from(self.path).unwrap_or_else(|_| http::Uri::from_static("/"));
-        *req.headers_mut() = headers;
-        let resp = crate::proxy::handle(self.state.clone(), req).await;
-        if !resp.status().is_success() || !is_event_stream(resp.headers()) {
-            tracing::info!(
-                status = resp.status().as_u16(),
-                "no notification stream for the session"
-            );
-            return;
-        }
+        let link = NotesLink {
+            state: self.state.clone(),
+            path: self.path.into(),
+            headers,
+        };
+        let body = match link.open().await {
+            Ok(body) => body,
+            Err(status) => {
+                tracing::info!(
+                    status = status.as_u16(),
+                    "no notification stream for the session"
+                );
+                return;
+            }
+        };
         let out = self.out.clone();
-        session.notes = Some(tokio::spawn(relay_notes(resp.into_body(), out)).abort_handle());
+        session.notes = Some(tokio::spawn(relay_notes(link, body, out)).abort_handle());
     }
 
     /// `notifications/cancelled {requestId}`: drop the matching task (its upstream stream with it).
@@ -673,13 +680,83 @@ impl Events {
     }
 }
 
-/// A session's GET stream: each event a line, for as long as the stream lasts.
-async fn relay_notes(body: Body, out: mpsc::Sender<Bytes>) {
+/// How a legacy session's GET stream is (re)opened: the request an HTTP client of the session
+/// would send, through the pipeline.
+struct NotesLink {
+    state: Arc<State>,
+    path: Arc<str>,
+    headers: HeaderMap,
+}
+
+impl NotesLink {
+    /// The stream's body, or the status it was refused with.
+    async fn open(&self) -> Result<Body, http::StatusCode> {
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.method_mut() = Method::GET;
+        *req.uri_mut() =
+            http::Uri::try_from(&*self.path).unwrap_or_else(|_| http::Uri::from_static("/"));
+        *req.headers_mut() = self.headers.clone();
+        let resp = crate::proxy::handle(self.state.clone(), req).await;
+        if !resp.status().is_success() || !is_event_stream(resp.headers()) {
+            return Err(resp.status());
+        }
+        Ok(resp.into_body())
+    }
+}
+
+/// A session's GET stream: each message for the client a line. When the stream ends it is
+/// reopened after a pause (doubling while reopening fails), as an HTTP client reconnects; it
+/// stops for good when stdout is gone or the session is (404).
+async fn relay_notes(link: NotesLink, first: Body, out: mpsc::Sender<Bytes>) {
+    let mut body = first;
+    let mut pause = NOTES_REOPEN_MIN;
+    loop {
+        let opened = tokio::time::Instant::now();
+        relay_stream(body, &out).await;
+        if out.is_closed() {
+            return;
+        }
+        if opened.elapsed() >= NOTES_REOPEN_MAX {
+            pause = NOTES_REOPEN_MIN;
+        }
+        body = loop {
+            tokio::time::sleep(pause).await;
+            if out.is_closed() {
+                return;
+            }
+            match link.open().await {
+                Ok(b) => break b,
+                Err(http::StatusCode::NOT_FOUND) => {
+                    tracing::info!("the session ended; its notification stream is not reopened");
+                    return;
+                }
+                Err(status) => {
+                    tracing::debug!(
+                        status = status.as_u16(),
+                        "the session's notification stream could not be reopened yet"
+                    );
+                    pause = (pause * 2).min(NOTES_REOPEN_MAX);
+                }
+            }
+        };
+        tracing::debug!("the session's notification stream was reopened");
+    }
+}
+
+/// One opening of a GET stream, to its end. Only what is for the client becomes a line — its
+/// notifications and the server's requests — not the error that ends a stream cut by
+/// `[server] max_stream_ms` (a response to no request of the client's).
+async fn relay_stream(body: Body, out: &mpsc::Sender<Bytes>) {
     let mut events = Events::new(body);
     loop {
         match events.next().await {
             Ok(Some(ev)) => {
-                emit(&ev, &out).await;
+                let for_client = protocol::parse_envelope(&ev)
+                    .is_ok_and(|e| matches!(e.kind, Kind::Notification | Kind::Request));
+                if !for_client {
+                    continue;
+                }
+                emit(&ev, out).await;
                 if out.is_closed() {
                     return;
                 }
@@ -687,7 +764,7 @@ async fn relay_notes(body: Body, out: mpsc::Sender<Bytes>) {
             Ok(None) | Err(EventsEnd::Broke(_)) => return,
             Err(EventsEnd::TooLarge) => {
                 tracing::warn!(
-                    "a notification is larger than the relay limit; the session's notification stream is closed"
+                    "a notification is larger than the relay limit; the session's notification stream is reopened"
                 );
                 return;
             }

@@ -341,6 +341,52 @@ async fn an_initialize_client_hears_list_changes_and_resource_updates() {
     assert!(status.success());
 }
 
+/// The session's GET stream is reopened when it ends — here cut every second by `[server]
+/// max_stream_ms` — so a change long after `initialize` still reaches stdout, and the error
+/// that ends each cut stream (a response to no request of the client's) never does.
+#[tokio::test]
+async fn an_ended_notification_stream_is_reopened() {
+    let mock = MockMcp::modern().list_changed().start().await;
+    let cfg = temp_config(
+        "reopen",
+        &format!(
+            "[server]\nmax_stream_ms = 1000\n[log]\naccess = false\n[cache]\nenabled = false\n[[backends]]\nname = \"b\"\nurl = \"{}\"\n",
+            mock.url()
+        ),
+    );
+    let mut p = StdioProc::spawn(&["--config", &cfg.display().to_string()]);
+    p.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#).await;
+    let init = p.answer(json!(0)).await;
+    assert_eq!(init["result"]["capabilities"]["tools"]["listChanged"], true);
+    p.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    // Cut, then reopened (the upstream listen closes with it and comes back; the cache, whose
+    // watcher would be a listener too, is off); the change
+    // comes early in the reopened stream's second, so no cut falls between.
+    for (open, what) in [(1, "opened"), (0, "cut"), (1, "reopened")] {
+        let seen = tokio::time::timeout(Duration::from_secs(5), async {
+            while mock.listen_streams() != open {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        assert!(seen.is_ok(), "the notification stream was not {what}");
+    }
+    mock.add_tool("late");
+    let heard = p.next().await.expect("a line before EOF");
+    assert_eq!(
+        heard["method"], "notifications/tools/list_changed",
+        "{heard}"
+    );
+    let (rest, status) = p.finish().await;
+    assert!(
+        rest.iter().all(|v| v.get("method").is_some()),
+        "no error line from a cut stream: {rest:?}"
+    );
+    assert!(status.success());
+    let _ = std::fs::remove_file(cfg);
+}
+
 #[tokio::test]
 async fn bad_lines_get_errors_and_the_process_keeps_going() {
     let mock = MockMcp::modern().start().await;
