@@ -9,7 +9,8 @@
 //!   `logLevel` `debug` (the client's own `logging/setLevel` filters, read per line), merged with
 //!   the client's channel (`step::clients`). The stream carries the notifications without
 //!   `subscriptionId` (legacy clients know none); it ends when the client leaves, and the
-//!   upstream listen with it.
+//!   upstream listen with it — and when that listen ends having agreed to tell something, so
+//!   that the client reconnects to a fresh one rather than hold a stream nothing reaches.
 //! - **`resources/subscribe`**: one listen with `resourceSubscriptions: [uri]`, answered once
 //!   the upstream acknowledged the URI (an initialize-era backend: after its own
 //!   `resources/subscribe` in the client's session). A task relays its
@@ -24,7 +25,7 @@ use futures_util::StreamExt;
 use http::{HeaderMap, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -122,11 +123,23 @@ pub(super) async fn get_stream(
         }
     };
     let open = core.metrics.listen_stream(&route.name());
+    // Whether the upstream agreed to tell anything: then the end of its listen ends the
+    // client's stream, and the client's reconnection (both SDKs reconnect a GET stream that
+    // ends) opens a new one; a listen that agreed nothing ends at once, and ending the
+    // client's stream with it would only make the client reconnect in a loop.
+    let heard = Arc::new(AtomicBool::new(false));
+    let agreed = heard.clone();
     let feed = feed.filter_map(move |m| {
         let out = match m {
             Ok(m) => match plain(&m) {
                 Some((method, v)) => match method.as_str() {
-                    "notifications/subscriptions/acknowledged" => None,
+                    "notifications/subscriptions/acknowledged" => {
+                        let any = v["params"]["notifications"]
+                            .as_object()
+                            .is_some_and(|n| !n.is_empty());
+                        agreed.store(any, Ordering::Relaxed);
+                        None
+                    }
                     "notifications/message" => {
                         let min = client.level.load(Ordering::Relaxed);
                         let rank = v["params"]["level"].as_str().and_then(log_rank);
@@ -139,8 +152,9 @@ pub(super) async fn get_stream(
             },
             Err(_) => None,
         };
-        std::future::ready(out)
+        std::future::ready(out.map(Merged::Message))
     });
+    let feed = feed.chain(futures_util::stream::once(async { Merged::Ended }));
     let mine = futures_util::stream::unfold(mine, |mut rx| async move {
         loop {
             match rx.recv().await {
@@ -150,11 +164,24 @@ pub(super) async fn get_stream(
             }
         }
     });
-    let events = futures_util::stream::select(feed.boxed(), mine.boxed()).map(move |m| {
-        let _open = &open;
-        sse_event(&m)
-    });
+    let events = futures_util::stream::select(feed.boxed(), mine.map(Merged::Message).boxed())
+        .take_while(move |item| {
+            std::future::ready(!matches!(item, Merged::Ended) || !heard.load(Ordering::Relaxed))
+        })
+        .filter_map(move |item| {
+            let _open = &open;
+            std::future::ready(match item {
+                Merged::Message(m) => Some(sse_event(&m)),
+                Merged::Ended => None,
+            })
+        });
     Ok(sse_response(Body::Stream(Box::pin(events))))
+}
+
+/// What a legacy client's GET stream merges: messages, and the end of the upstream listen.
+enum Merged {
+    Message(Bytes),
+    Ended,
 }
 
 /// `resources/subscribe` / `resources/unsubscribe` (`subscribe` false) of `uri`.

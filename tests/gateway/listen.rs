@@ -507,6 +507,51 @@ async fn legacy_clients_get_notifications_subscriptions_and_their_own_logs() {
     gw.stop().await;
 }
 
+/// A legacy client's GET stream ends when the upstream listen behind it ends (a restarting
+/// server), so that the client reconnects (both SDKs do) and is heard again — it used to stay
+/// open and deaf. Where the upstream agreed to tell nothing (a server with no GET stream), the
+/// stream stays open for the client's own messages rather than ending into a reconnect loop.
+#[tokio::test]
+async fn a_legacy_clients_get_stream_ends_with_the_listen_behind_it() {
+    let m = MockMcp::modern().list_changed().start().await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let (a, _) = OldClient::connect(&url, "2025-11-25").await;
+    let mut get = get_stream(&url, &a.sid).await;
+    until("the upstream listen", || async { m.listen_streams() == 1 }).await;
+    m.end_listens();
+    let t = Instant::now();
+    let heard = get.read(5000).await;
+    assert!(t.elapsed() < Duration::from_secs(4), "the GET stream ended");
+    assert!(heard.is_empty(), "{heard:?}");
+    // The client reconnects, and hears changes again.
+    let mut get = get_stream(&url, &a.sid).await;
+    until("the upstream listen again", || async {
+        m.listen_streams() == 1
+    })
+    .await;
+    m.add_tool("late");
+    let notes = get.read_until("notifications/tools/list_changed").await;
+    assert_eq!(count(&notes, "notifications/tools/list_changed"), 1);
+    drop(get);
+    gw.stop().await;
+
+    let m = MockMcp::legacy()
+        .list_changed()
+        .no_get_stream()
+        .start()
+        .await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let (a, _) = OldClient::connect(&url, "2025-11-25").await;
+    let mut get = get_stream(&url, &a.sid).await;
+    let t = Instant::now();
+    let heard = get.read(1500).await;
+    assert!(heard.is_empty(), "{heard:?}");
+    assert!(t.elapsed() >= Duration::from_millis(1400), "held open");
+    gw.stop().await;
+}
+
 /// `resources/subscribe` from a legacy client against a 2026-07-28 backend: a listen with
 /// `resourceSubscriptions` held for the client until it unsubscribes.
 #[tokio::test]

@@ -367,6 +367,11 @@ impl MockHandle {
         ls.len()
     }
 
+    /// Ends every open `subscriptions/listen` stream (as a restarting server would).
+    pub fn end_listens(&self) {
+        self.state.listeners.lock().unwrap().clear();
+    }
+
     /// Announces `notifications/resources/updated` for `uri` to whoever subscribed to it: listen
     /// streams that named it, legacy sessions' GET streams after `resources/subscribe`.
     pub fn update_resource(&self, uri: &str) {
