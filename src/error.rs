@@ -32,7 +32,9 @@ pub enum GatewayError {
     NoRoute { path: String },
     #[error("Parse error: {0}")]
     Parse(String),
-    #[error("Invalid Request: batches are not supported; send one JSON-RPC message per POST")]
+    #[error(
+        "Invalid Request: batches are served only in a 2025-03-26 session; send one JSON-RPC message per POST"
+    )]
     Batch,
     #[error("Invalid Request: {0}")]
     InvalidRequest(String),

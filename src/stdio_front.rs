@@ -393,6 +393,17 @@ struct LineCtx<'a> {
 
 impl LineCtx<'_> {
     async fn serve(&mut self, body: Bytes) {
+        // A JSON-RPC batch within a session: the pipeline serves it when the session's revision
+        // has batches (2025-03-26) and refuses it otherwise; either way its answer is relayed.
+        if protocol::first_byte(&body) == Some(b'[') && self.session.is_some() {
+            let req = request(self.path, None, body, self.session.as_ref(), self.caller);
+            let (state, out) = (self.state.clone(), self.out.clone());
+            self.tasks.spawn(async move {
+                let resp = crate::proxy::handle(state, req).await;
+                relay_batch(resp, &out).await;
+            });
+            return;
+        }
         let env = match protocol::parse_envelope(&body) {
             Ok(env) => env,
             Err(e) => {
@@ -417,7 +428,7 @@ impl LineCtx<'_> {
         let id = env.id.clone();
         if answers && starts_session(&env) {
             // Inline: the session must exist before the answer reaches the client.
-            let req = request(self.path, &env, body, None, self.caller);
+            let req = request(self.path, Some(&env), body, None, self.caller);
             let resp = crate::proxy::handle(self.state.clone(), req).await;
             if let Some(sid) = resp.headers().get(h::SESSION_ID)
                 && let Ok(text) = sid.to_str()
@@ -452,7 +463,13 @@ impl LineCtx<'_> {
             let _ = self.out.send(Bytes::from(err.to_message(Some(rid)))).await;
             return;
         }
-        let req = request(self.path, &env, body, self.session.as_ref(), self.caller);
+        let req = request(
+            self.path,
+            Some(&env),
+            body,
+            self.session.as_ref(),
+            self.caller,
+        );
         let state = self.state.clone();
         let out = self.out.clone();
         let task_id = id.clone();
@@ -529,7 +546,7 @@ fn starts_session(env: &protocol::Envelope) -> bool {
 /// The in-process request a Streamable HTTP client would have sent for this message.
 fn request(
     path: &str,
-    env: &protocol::Envelope,
+    env: Option<&protocol::Envelope>,
     body: Bytes,
     session: Option<&LegacyClient>,
     caller: &Caller,
@@ -542,14 +559,16 @@ fn request(
         headers.insert(name, value);
     }
     let version = h::names::PROTOCOL_VERSION;
-    match session {
-        Some(s) => {
+    match (session, env) {
+        (Some(s), _) => {
             headers.insert(h::names::SESSION_ID, s.session_id.clone());
             headers.insert(version, s.version.clone());
         }
-        // `initialize` goes without a version header, as on HTTP.
-        None if starts_session(env) => {}
-        None => {
+        // `initialize` goes without a version header, as on HTTP (a batch, `env` `None`, is
+        // only ever sent in a session).
+        (None, None) => {}
+        (None, Some(env)) if starts_session(env) => {}
+        (None, Some(env)) => {
             // Mirror the body; a body that lies or lacks `_meta` is the pipeline's to refuse.
             let v = env.protocol_version.as_deref().unwrap_or(LATEST_VERSION);
             if let Ok(v) = HeaderValue::from_str(v) {
@@ -630,6 +649,23 @@ async fn relay(
     if !answered {
         let why = failure.unwrap_or_else(|| "the answer stream ended without a response".into());
         fail(id, route, &why, out).await;
+    }
+}
+
+/// The answer to a batch: a JSON array (one line), each event of a stream, or nothing (202).
+async fn relay_batch(resp: Response<Body>, out: &mpsc::Sender<Bytes>) {
+    let (parts, body) = resp.into_parts();
+    if !is_event_stream(&parts.headers) {
+        if let Ok(b) = read_capped(body).await
+            && !b.is_empty()
+        {
+            emit(&b, out).await;
+        }
+        return;
+    }
+    let mut events = Events::new(body);
+    while let Ok(Some(ev)) = events.next().await {
+        emit(&ev, out).await;
     }
 }
 

@@ -20,6 +20,7 @@
 //! POSTs are routed back by id. What they hear unasked — the GET stream, `resources/subscribe`,
 //! `logging/setLevel` — is [`notes`]; `ping` is answered here.
 
+mod batch;
 mod notes;
 
 use bytes::Bytes;
@@ -54,6 +55,9 @@ pub async fn serve(
     head: Head<'_>,
     body: Bytes,
 ) -> Result<Response<Body>, GatewayError> {
+    if protocol::first_byte(&body) == Some(b'[') {
+        return batch::serve(core, generation, ctx, path, route, headers, head, body).await;
+    }
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
     ctx.id = env.id.clone();
     ctx.method = Some(env.method.clone());

@@ -507,6 +507,91 @@ async fn legacy_clients_are_served_against_every_kind_of_backend() {
     );
 }
 
+/// 2025-03-26 requires servers to accept JSON-RPC batches; later revisions removed them. In a
+/// 2025-03-26 session (whose client sends no `MCP-Protocol-Version`) each element is served as
+/// if posted alone, against either era of backend: the responses come back as a JSON array in
+/// order, as an event stream when an element's answer carried notifications (progress), 202
+/// when nothing answers; a bad element or a batched `initialize` gets its own error. Any other
+/// session's batch is refused with -32600.
+#[tokio::test]
+async fn a_2025_03_26_client_can_send_batches() {
+    for mock in [MockMcp::modern(), MockMcp::legacy()] {
+        let mock = mock.start().await;
+        let gw = Gateway::start(&backend(&mock.url(), "")).await;
+        let url = gw.url("/mcp/old");
+        let (c, _) = OldClient::connect(&url, "2025-03-26").await;
+        assert_eq!(c.version, "2025-03-26");
+        let batch = |v: Value| {
+            let url = url.clone();
+            let sid = c.sid.clone();
+            async move {
+                send(
+                    "POST",
+                    &url,
+                    &legacy_headers(Some(&sid), None),
+                    v.to_string(),
+                )
+                .await
+            }
+        };
+        let r = batch(json!([
+            {"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"a"}}},
+            {"jsonrpc":"2.0","method":"notifications/roots/list_changed"},
+            {"jsonrpc":"2.0","id":"two","method":"tools/list","params":{}},
+            {"jsonrpc":"2.0","id":3,"method":"initialize","params":{}},
+            7
+        ]))
+        .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let all = r.json();
+        let all = all.as_array().expect("a JSON array");
+        assert_eq!(all.len(), 4, "{all:?}");
+        assert_eq!(all[0]["id"], 1);
+        assert_eq!(all[0]["result"]["content"][0]["text"], "a");
+        assert_eq!(all[1]["id"], "two");
+        assert!(all[1]["result"]["tools"].is_array(), "{all:?}");
+        assert!(all[1]["result"].get("resultType").is_none(), "legacy shape");
+        assert_eq!(all[2]["id"], 3);
+        assert_eq!(all[2]["error"]["code"], -32600, "{all:?}");
+        assert_eq!(all[3]["id"], Value::Null);
+        assert_eq!(all[3]["error"]["code"], -32600, "{all:?}");
+        // Progress travels with the response, as an event stream.
+        let r = batch(json!([
+            {"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"progress",
+                "arguments":{"steps":2,"delay_ms":10},"_meta":{"progressToken":"p"}}},
+            {"jsonrpc":"2.0","id":5,"method":"ping"}
+        ]))
+        .await;
+        let msgs = r.messages();
+        assert!(r.is_sse(), "{msgs:?}");
+        let progress: Vec<_> = msgs
+            .iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .collect();
+        assert_eq!(progress.len(), 2, "{msgs:?}");
+        assert!(progress.iter().all(|m| m["params"]["progressToken"] == "p"));
+        let ids: Vec<_> = msgs.iter().filter_map(|m| m.get("id")).collect();
+        assert_eq!(ids, [&json!(4), &json!(5)], "{msgs:?}");
+        // Only notifications: nothing to answer.
+        let r = batch(json!([{"jsonrpc":"2.0","method":"notifications/roots/list_changed"}])).await;
+        assert_eq!(r.status, 202, "{:?}", r.body);
+        let r = batch(json!([])).await;
+        assert_eq!(r.code(), -32600);
+        // A later revision's session: refused.
+        let (later, _) = OldClient::connect(&url, "2025-06-18").await;
+        let r = send(
+            "POST",
+            &url,
+            &legacy_headers(Some(&later.sid), Some(&later.version)),
+            json!([{"jsonrpc":"2.0","id":1,"method":"ping"}]).to_string(),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{:?}", r.body);
+        assert_eq!(r.code(), -32600);
+        gw.stop().await;
+    }
+}
+
 #[tokio::test]
 async fn legacy_clients_get_legacy_error_codes() {
     let modern = MockMcp::modern().start().await;

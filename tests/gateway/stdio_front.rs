@@ -63,14 +63,20 @@ impl StdioProc {
 
     /// The next stdout line, which must be one JSON object; `None` at EOF.
     async fn next(&mut self) -> Option<Value> {
+        let v = self.next_json().await?;
+        assert!(v.is_object(), "{v}");
+        assert_eq!(v["jsonrpc"], "2.0", "{v}");
+        Some(v)
+    }
+
+    /// The next line as JSON, object or array (a batch's answer).
+    async fn next_json(&mut self) -> Option<Value> {
         let line = tokio::time::timeout(Duration::from_secs(20), self.stdout.next_line())
             .await
             .expect("a stdout line within 20 s")
             .expect("read stdout")?;
         let v: Value = serde_json::from_str(&line)
             .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line:?}"));
-        assert!(v.is_object(), "{line}");
-        assert_eq!(v["jsonrpc"], "2.0", "{line}");
         Some(v)
     }
 
@@ -385,6 +391,34 @@ async fn an_ended_notification_stream_is_reopened() {
     );
     assert!(status.success());
     let _ = std::fs::remove_file(cfg);
+}
+
+/// A 2025-03-26 client's batch line is served (one array line back); a later revision's is
+/// refused with -32600.
+#[tokio::test]
+async fn a_2025_03_26_client_batches_over_stdio() {
+    let mock = MockMcp::legacy().start().await;
+    for (version, served) in [("2025-03-26", true), ("2025-06-18", false)] {
+        let mut p = StdioProc::spawn(&["--url", &mock.url()]);
+        p.send(&format!(r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"{version}","capabilities":{{}},"clientInfo":{{"name":"raw","version":"1"}}}}}}"#)).await;
+        assert_eq!(
+            p.answer(json!(0)).await["result"]["protocolVersion"],
+            version
+        );
+        p.send(r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"b"}}},{"jsonrpc":"2.0","id":2,"method":"ping"}]"#).await;
+        let answer = p.next_json().await.expect("an answer line");
+        if served {
+            let all = answer.as_array().unwrap_or_else(|| panic!("{answer}"));
+            assert_eq!(all.len(), 2, "{answer}");
+            assert_eq!(all[0]["id"], 1);
+            assert_eq!(all[0]["result"]["content"][0]["text"], "b");
+            assert_eq!(all[1], json!({"jsonrpc":"2.0","id":2,"result":{}}));
+        } else {
+            assert_eq!(answer["error"]["code"], -32600, "{answer}");
+        }
+        let (_, status) = p.finish().await;
+        assert!(status.success());
+    }
 }
 
 #[tokio::test]
