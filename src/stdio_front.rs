@@ -902,7 +902,7 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"caf\u00e9","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
         );
         let env = protocol::parse_envelope(&body).unwrap();
-        let req = request("/mcp/x", &env, body.clone(), None, &Caller::default());
+        let req = request("/mcp/x", Some(&env), body.clone(), None, &Caller::default());
         let hd = req.headers();
         assert_eq!(hd[h::PROTOCOL_VERSION], "2026-07-28");
         assert_eq!(hd[h::METHOD], "tools/call");
@@ -916,7 +916,7 @@ mod tests {
             version: HeaderValue::from_static("2025-06-18"),
             notes: None,
         };
-        let req = request("/mcp/x", &env, body, Some(&s), &Caller::default());
+        let req = request("/mcp/x", Some(&env), body, Some(&s), &Caller::default());
         assert_eq!(req.headers()[h::SESSION_ID], "p1.abc");
         assert_eq!(req.headers()[h::PROTOCOL_VERSION], "2025-06-18");
         assert!(req.headers().get(h::METHOD).is_none());
