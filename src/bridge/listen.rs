@@ -86,7 +86,7 @@ pub(super) async fn listen(
     };
     let req: Value =
         serde_json::from_slice(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
-    if !has_channel(b, &s) {
+    if !has_channel(b) {
         return Ok(nothing_to_hear(id));
     }
     let filter = &req["params"]["notifications"];
@@ -183,12 +183,13 @@ pub(super) async fn listen(
     }))
 }
 
-/// Whether the session `s` has a channel for what its server says unasked. Over HTTP that is
-/// the session's GET stream, which a stateless server (no `Mcp-Session-Id`) cannot tie to a
-/// session and a server that answered it 405 does not offer (`BridgeState::no_get_stream`).
-pub(super) fn has_channel(b: &Backend, s: &LegacySession) -> bool {
-    !matches!(b.transport(), Upstream::Http(_))
-        || (s.id.is_some() && !b.bridge.no_get_stream.load(Ordering::Relaxed))
+/// Whether `b`'s sessions have a channel for what the server says unasked. Over HTTP that is
+/// the session's GET stream, which a server that answered it 405 does not offer
+/// (`BridgeState::no_get_stream`; stateless servers usually answer so). A stateless server is
+/// not ruled out before that: one that keeps a single transport can serve a GET stream
+/// without sessions.
+pub(super) fn has_channel(b: &Backend) -> bool {
+    !matches!(b.transport(), Upstream::Http(_)) || !b.bridge.no_get_stream.load(Ordering::Relaxed)
 }
 
 /// The acknowledgement of what was agreed, and the result that ends the listen.

@@ -161,8 +161,7 @@ async fn discover(
 /// The legacy server's capabilities as far as portico delivers them to a 2026-07-28 client
 /// (issue #20 item 4): list changes, resource subscriptions and completions are bridged
 /// (`listen`) — list changes and resource updates only where the session has a channel for
-/// them (`listen::has_channel`: not a stateless HTTP server, nor one that refused the GET
-/// stream); `logging` only where log lines can be told apart per client — not on a stdio
+/// them (`listen::has_channel`: not from an HTTP server that refused the GET stream); `logging` only where log lines can be told apart per client — not on a stdio
 /// child shared by every client, whose unasked lines are everybody's (docs/protocol.md §8 item
 /// 17); the in-core experimental `tasks` of 2025-11-25 is not the 2026 tasks extension and is
 /// not bridged.
@@ -173,7 +172,7 @@ fn delivered(b: &Backend, s: &LegacySession) -> serde_json::Value {
         if on_shared_child(b, s.child.as_ref()) {
             c.remove("logging");
         }
-        if !listen::has_channel(b, s) {
+        if !listen::has_channel(b) {
             for (kind, unasked) in [
                 ("tools", "listChanged"),
                 ("prompts", "listChanged"),

@@ -253,10 +253,10 @@ async fn legacy_http_listen_uses_the_session_stream_and_subscribes_upstream() {
     gw.stop().await;
 }
 
-/// A legacy HTTP server with no GET stream — stateless (no session to tie it to), or one that
-/// answers the GET 405 — cannot deliver list changes or resource updates: a listen is
-/// acknowledged with nothing agreed and ends at once (it failed before), and from then on
-/// neither `server/discover` nor a legacy client's `initialize` advertises them.
+/// A legacy HTTP server whose GET stream is refused with 405 — stateless, or with sessions —
+/// cannot deliver list changes or resource updates: a listen is acknowledged with nothing
+/// agreed and ends at once (it failed before), and from then on neither `server/discover` nor
+/// a legacy client's `initialize` advertises them.
 #[tokio::test]
 async fn a_server_without_a_get_stream_is_not_promised_what_it_would_carry() {
     for stateless in [true, false] {
