@@ -202,7 +202,9 @@ fn with_null_id(msg: Vec<u8>) -> Bytes {
     }
 }
 
-/// Whether a message is a response (a `result` or an `error`, no `method`).
+/// Whether a message is a response (a `result` or an `error`, no `method`). Not
+/// `protocol::is_response`: that one refuses the `"id": null` an element whose id could not be
+/// read is answered with ([`with_null_id`]), which a batch's answer must still count.
 fn is_response(msg: &[u8]) -> bool {
     serde_json::from_slice::<Value>(msg).is_ok_and(|v| {
         v.get("method").is_none() && (v.get("result").is_some() || v.get("error").is_some())
