@@ -372,11 +372,6 @@ pub struct SessionSlot {
     /// An upstream session another replica opened for this owner (sealed in a legacy
     /// client's session id): adopted instead of a fresh `initialize`, once.
     pub adopt: Mutex<Option<(HeaderValue, HeaderValue)>>,
-    /// The session's GET stream while someone listens (HTTP); see [`SessionStream`].
-    pub stream: tokio::sync::Mutex<std::sync::Weak<SessionStream>>,
-    /// Resource URIs subscribed upstream (`resources/subscribe`) in this session, with how many
-    /// listeners want each: unsubscribed when the last one leaves.
-    pub subscribed: Mutex<HashMap<String, usize>>,
 }
 
 /// An initialized upstream session.
@@ -397,6 +392,13 @@ pub struct LegacySession {
     /// The level last set upstream with `logging/setLevel`, as 1 + its rank in
     /// `protocol::LOG_LEVELS`; 0 = never set (the server's default).
     pub log_level: AtomicU8,
+    /// Its GET stream while someone listens (HTTP); see [`SessionStream`]. The session's own,
+    /// not its slot's: a session that replaces a lost one opens its own stream, and listeners
+    /// of the lost one keep nothing of theirs in it.
+    pub stream: tokio::sync::Mutex<std::sync::Weak<SessionStream>>,
+    /// Resource URIs subscribed upstream (`resources/subscribe`) in this session, with how many
+    /// listeners want each: unsubscribed when the last one leaves.
+    pub subscribed: Mutex<HashMap<String, usize>>,
 }
 
 /// A legacy server's `serverInfo`, with its JSON text: the bridge adds it to every answer's

@@ -7,7 +7,8 @@
 //! it (docs/protocol.md §8 item 17):
 //! 1. the session is opened (or reused), then its channel: the GET stream is shared by every
 //!    listener of the session ([`SessionStream`]: servers may allow one) and closed when the
-//!    last one leaves; a stdio child's messages are subscribed to;
+//!    last one leaves; a GET answered 404 (a restarted server forgot the session) is asked
+//!    again once in a new session; a stdio child's messages are subscribed to;
 //! 2. each `resourceSubscriptions` URI is subscribed upstream (`resources/subscribe`) when the
 //!    server advertises `resources.subscribe`, counted per session so two listeners of one URI
 //!    share it, and unsubscribed when the last one leaves;
@@ -33,7 +34,8 @@ use tokio::time::Instant;
 
 use super::owner::Owner;
 use super::session::{
-    Held, on_session_error, on_shared_child, session_or_modern, stdio_of, stream_request,
+    Held, forget_session, on_session_error, on_shared_child, session_or_modern, stdio_of,
+    stream_request,
 };
 use super::{Bridged, collect, send_raw, upstream_err};
 use crate::backend::{Backend, LegacySession, SessionStream};
@@ -80,15 +82,49 @@ pub(super) async fn listen(
 ) -> Result<Bridged, GatewayError> {
     // `deadline` bounds the stream (long-lived); opening the session is a request like any.
     let open_by = deadline.min(Instant::now() + b.timeout);
-    let (slot, s) = match session_or_modern(b, owner, team, open_by).await {
-        Ok(held) => held,
-        Err(e) => return on_session_error(b, e).await,
-    };
     let req: Value =
         serde_json::from_slice(body).map_err(|e| GatewayError::Parse(e.to_string()))?;
-    if !has_channel(b) {
-        return Ok(nothing_to_hear(id));
-    }
+    // 1. the session, and its own channel. The transport, not the configured URL's: a URL the
+    // probe found to serve HTTP+SSE has its sessions, and their messages, on the SSE link.
+    let mut renewed = false;
+    let (slot, s, rx, stream) = loop {
+        let (slot, s) = match session_or_modern(b, owner, team, open_by).await {
+            Ok(held) => held,
+            Err(e) => return on_session_error(b, e).await,
+        };
+        if !has_channel(b) {
+            return Ok(nothing_to_hear(id));
+        }
+        match b.transport() {
+            Upstream::Http(up) => match session_stream(b, up, &s).await? {
+                Channel::Open(st) => break (slot, s, st.subscribe(), Some(st)),
+                Channel::None => return Ok(nothing_to_hear(id)),
+                // A server that restarted forgot the session: a GET has no effect, so it is
+                // asked again in a new one, as a lost session's request is (`session_lost`).
+                Channel::Lost if !renewed => {
+                    tracing::info!(backend = %b.name, "legacy session lost; re-initializing");
+                    forget_session(&slot, &s);
+                    renewed = true;
+                }
+                Channel::Lost => {
+                    return Err(GatewayError::BackendFailed {
+                        backend: b.name.to_string(),
+                        detail: "the session's GET stream answered HTTP 404 in a new session"
+                            .into(),
+                    });
+                }
+            },
+            _ => match stdio_of(b, slot.value.child.as_ref()).map(|c| c.subscribe()) {
+                Some(rx) => break (slot, s, rx, None),
+                None => {
+                    return Err(GatewayError::BackendFailed {
+                        backend: b.name.to_string(),
+                        detail: "no channel for notifications".into(),
+                    });
+                }
+            },
+        }
+    };
     let filter = &req["params"]["notifications"];
     let caps = &s.init["capabilities"];
     let mut agreed = Map::new();
@@ -104,31 +140,13 @@ pub(super) async fn listen(
         .as_str()
         .and_then(log_rank)
         .filter(|_| !shared_child && caps.get("logging").is_some());
-    // 1. the session's own channel
-    // The transport, not the configured URL's: a URL the probe found to serve HTTP+SSE has
-    // its sessions, and their messages, on the SSE link.
-    let (rx, stream) = match b.transport() {
-        Upstream::Http(up) => match session_stream(b, up, &slot, &s).await? {
-            Some(st) => (st.subscribe(), Some(st)),
-            None => return Ok(nothing_to_hear(id)),
-        },
-        _ => match stdio_of(b, slot.value.child.as_ref()) {
-            Some(child) => (child.subscribe(), None),
-            None => {
-                return Err(GatewayError::BackendFailed {
-                    backend: b.name.to_string(),
-                    detail: "no channel for notifications".into(),
-                });
-            }
-        },
-    };
     if let Some(level) = logs {
         set_level(b, &s, level, false).await;
     }
     // 2. resource subscriptions
     let mut subs = Subscribed {
         backend: b.clone(),
-        slot: slot.clone(),
+        _slot: slot.clone(),
         session: s.clone(),
         uris: Vec::new(),
     };
@@ -136,7 +154,7 @@ pub(super) async fn listen(
         && let Some(uris) = filter["resourceSubscriptions"].as_array()
     {
         for uri in uris.iter().filter_map(Value::as_str).take(MAX_URIS) {
-            if !subs.uris.iter().any(|u| u == uri) && subscribe(b, &slot, &s, uri).await {
+            if !subs.uris.iter().any(|u| u == uri) && subscribe(b, &s, uri).await {
                 subs.uris.push(uri.to_string());
             }
         }
@@ -316,12 +334,11 @@ fn relayed(
 async fn session_stream(
     b: &Arc<Backend>,
     up: &Arc<HttpUpstream>,
-    slot: &Held,
     s: &LegacySession,
-) -> Result<Option<Arc<SessionStream>>, GatewayError> {
-    let mut held = slot.value.stream.lock().await;
+) -> Result<Channel, GatewayError> {
+    let mut held = s.stream.lock().await;
     if let Some(st) = held.upgrade() {
-        return Ok(Some(st));
+        return Ok(Channel::Open(st));
     }
     let req = stream_request(up, s);
     let reply = up
@@ -332,8 +349,9 @@ async fn session_stream(
         MessageStream::Many(m) if reply.status.is_success() => m,
         _ if reply.status == StatusCode::METHOD_NOT_ALLOWED => {
             b.bridge.no_get_stream.store(true, Ordering::Relaxed);
-            return Ok(None);
+            return Ok(Channel::None);
         }
+        _ if reply.status == StatusCode::NOT_FOUND && s.id.is_some() => return Ok(Channel::Lost),
         _ => {
             return Err(GatewayError::BackendFailed {
                 backend: b.name.to_string(),
@@ -364,7 +382,16 @@ async fn session_stream(
         task: task.abort_handle(),
     });
     *held = Arc::downgrade(&st);
-    Ok(Some(st))
+    Ok(Channel::Open(st))
+}
+
+/// A session's GET stream, or why there is none.
+enum Channel {
+    Open(Arc<SessionStream>),
+    /// The server offers none (405).
+    None,
+    /// The server does not know the session (404 to its id): it restarted or dropped it.
+    Lost,
 }
 
 /// One request portico makes in the session for itself; whether it succeeded.
@@ -397,23 +424,15 @@ async fn exchange(b: &Backend, s: &LegacySession, method: &str, params: Value) -
 }
 
 /// Subscribes `uri` in the session unless a listener there already did.
-async fn subscribe(b: &Backend, slot: &Held, s: &LegacySession, uri: &str) -> bool {
+async fn subscribe(b: &Backend, s: &LegacySession, uri: &str) -> bool {
     let first = {
-        let subs = slot
-            .value
-            .subscribed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let subs = s.subscribed.lock().unwrap_or_else(|p| p.into_inner());
         subs.get(uri).is_none_or(|n| *n == 0)
     };
     if first && !exchange(b, s, "resources/subscribe", json!({"uri": uri})).await {
         return false;
     }
-    let mut subs = slot
-        .value
-        .subscribed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut subs = s.subscribed.lock().unwrap_or_else(|p| p.into_inner());
     *subs.entry(uri.to_string()).or_default() += 1;
     true
 }
@@ -421,7 +440,8 @@ async fn subscribe(b: &Backend, slot: &Held, s: &LegacySession, uri: &str) -> bo
 /// A listener's resource subscriptions: given back when it leaves.
 struct Subscribed {
     backend: Arc<Backend>,
-    slot: Held,
+    /// Held while the listener is: a slot in use is never evicted (`pool`).
+    _slot: Held,
     session: Arc<LegacySession>,
     uris: Vec<String>,
 }
@@ -431,8 +451,7 @@ impl Drop for Subscribed {
         let mut last = Vec::new();
         {
             let mut subs = self
-                .slot
-                .value
+                .session
                 .subscribed
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());

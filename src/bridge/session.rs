@@ -123,8 +123,6 @@ fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner, team: &[Team]) -> S
         init_lock: Default::default(),
         child,
         adopt: std::sync::Mutex::new(adopt),
-        stream: Default::default(),
-        subscribed: Default::default(),
     }
 }
 
@@ -255,6 +253,8 @@ pub(super) async fn session_or_modern(
             generation: 0,
             child: None,
             log_level: Default::default(),
+            stream: Default::default(),
+            subscribed: Default::default(),
         },
         None => {
             let own = if key == OWN {
@@ -539,6 +539,8 @@ pub(super) async fn initialize(
         generation,
         child: child.cloned(),
         log_level: Default::default(),
+        stream: Default::default(),
+        subscribed: Default::default(),
     })
 }
 

@@ -241,8 +241,21 @@ async fn in_session(
                 }
                 m => {
                     let on = m == "resources/subscribe";
-                    notes::subscribe(core, ctx, route, headers, &owner, session, &id, params, on)
-                        .await
+                    let revocation = revocation_key(head.session.unwrap_or_default(), session);
+                    notes::subscribe(
+                        core,
+                        &generation,
+                        ctx,
+                        route,
+                        headers,
+                        &owner,
+                        session,
+                        revocation,
+                        &id,
+                        params,
+                        on,
+                    )
+                    .await
                 }
             };
         }

@@ -14,8 +14,10 @@
 //! - **`resources/subscribe`**: one listen with `resourceSubscriptions: [uri]`, answered once
 //!   the upstream acknowledged the URI (an initialize-era backend: after its own
 //!   `resources/subscribe` in the client's session). A task relays its
-//!   `notifications/resources/updated` to the client's channel; `resources/unsubscribe` (or the
-//!   session's end) drops it, which closes the upstream listen and unsubscribes upstream.
+//!   `notifications/resources/updated` to the client's channel, and opens the listen again
+//!   when the upstream ends it (a restarting backend), then tells the client the resource may
+//!   have changed meanwhile; `resources/unsubscribe` (or the session's end) drops it, which
+//!   closes the upstream listen and unsubscribes upstream.
 //! - **`logging/setLevel`**: the level is kept for the client and set in its own upstream
 //!   sessions on initialize-era backends; its requests then carry it as `logLevel`, so the log
 //!   lines a backend emits during them reach this client alone, on the request's stream.
@@ -24,8 +26,10 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, Response};
 use serde_json::{Value, json};
-use std::sync::Arc;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
@@ -34,9 +38,11 @@ use crate::backend::Verdict;
 use crate::body::{Body, sse_event, sse_response};
 use crate::bridge::{self, Owner};
 use crate::error::GatewayError;
+use crate::metrics::ListenStream;
 use crate::protocol::{self, RequestId, log_rank, meta};
+use crate::relay;
 use crate::router::{Route, dispatch};
-use crate::step::clients::{Feed, MAX_SUBSCRIPTIONS};
+use crate::step::clients::{Client, Feed, MAX_SUBSCRIPTIONS};
 use crate::step::{Core, RequestCtx};
 use crate::upstream::{MessageStream, UpstreamError};
 
@@ -188,11 +194,13 @@ enum Merged {
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn subscribe(
     core: &Core,
+    generation: &relay::Generation,
     ctx: &mut RequestCtx,
     route: &Route,
     headers: &HeaderMap,
     owner: &Arc<Owner>,
     session: &SessionData,
+    revocation: [u8; 32],
     id: &RequestId,
     params: &Value,
     subscribe: bool,
@@ -229,6 +237,47 @@ pub(super) async fn subscribe(
             )));
         }
     }
+    let feed = open_subscription(core, ctx, route, headers, session, uri).await?;
+    let open = core.metrics.listen_stream(&route.name());
+    // What renews the subscription when its upstream listen ends: this request's identity and
+    // headers, without its span (the request is over by then).
+    let mut background = ctx.clone();
+    background.trace = None;
+    let renewal = Renewal {
+        generation: Arc::downgrade(generation),
+        ctx: background,
+        route: route.clone(),
+        headers: headers.clone(),
+        session: session.clone(),
+        revocation,
+        uri: uri.to_string(),
+    };
+    // Inserted before the task can end, so an upstream that ends at once leaves no entry.
+    let mut subs = client
+        .subscriptions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let task = tokio::spawn(relay_subscription(feed, open, client.clone(), renewal));
+    subs.insert(uri.to_string(), Feed(task.abort_handle()));
+    drop(subs);
+    Ok(result(id, json!({})))
+}
+
+/// A listen's message stream, as `open_listen` gives it.
+type Listen = futures_util::stream::BoxStream<'static, Result<Bytes, UpstreamError>>;
+
+/// Opens the upstream listen of a subscription to `uri` and waits (within the route's timeout)
+/// for the upstream to acknowledge the URI (an initialize-era backend: after its own
+/// `resources/subscribe` in the client's session). `MethodNotFound` when the backend does not
+/// offer updates of `uri`.
+async fn open_subscription(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    route: &Route,
+    headers: &HeaderMap,
+    session: &SessionData,
+    uri: &str,
+) -> Result<Listen, GatewayError> {
     let body = listen_body(
         "portico-subscribe",
         json!({ "resourceSubscriptions": [uri] }),
@@ -236,7 +285,6 @@ pub(super) async fn subscribe(
         session,
     )?;
     let mut feed = open_listen(core, ctx, route, headers, body).await?;
-    // Answered once the upstream has acknowledged the URI (or refused).
     let first = tokio::time::timeout(route.timeout(), feed.next())
         .await
         .map_err(|_| GatewayError::BackendTimeout {
@@ -264,32 +312,115 @@ pub(super) async fn subscribe(
             route.name()
         )));
     }
-    let open = core.metrics.listen_stream(&route.name());
-    let (held, key) = (client.clone(), uri.to_string());
-    // Inserted before the task can end, so an upstream that ends at once leaves no entry.
-    let mut subs = client
-        .subscriptions
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let task = tokio::spawn(async move {
-        let _open = open;
+    Ok(feed)
+}
+
+/// The first pause before a subscription whose upstream listen ended is renewed; it doubles
+/// while renewing fails (or the renewed listen ends again within [`RENEW_MAX_PAUSE`]).
+const RENEW_FIRST_PAUSE: Duration = Duration::from_millis(250);
+/// The longest pause between two renewals of one subscription.
+const RENEW_MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// What a subscription needs to open its upstream listen again, outside any request: a
+/// restarting backend ends the listen, and the client — which holds
+/// its subscription until it unsubscribes or its session ends — would otherwise hear nothing
+/// more of the resource, unaware.
+struct Renewal {
+    /// The config generation the client's entry belongs to (a reload starts the clients anew,
+    /// so a subscription does not outlive its generation).
+    generation: Weak<dyn Deref<Target = Core> + Send + Sync>,
+    /// The subscribing request's context: the client's owner (its own upstream sessions) and
+    /// identity, through the same per-backend step.
+    ctx: RequestCtx,
+    route: Route,
+    headers: HeaderMap,
+    session: SessionData,
+    /// The session's name in the revocation set: a session ended on another replica stops
+    /// renewing.
+    revocation: [u8; 32],
+    uri: String,
+}
+
+impl Renewal {
+    /// Opens the listen again after a pause, retrying with a doubling pause while the session
+    /// lives; `None` when the session or its generation ended, or the backend no longer offers
+    /// updates of the URI.
+    async fn reopen(&self, pause: &mut Duration) -> Option<(Listen, ListenStream)> {
+        loop {
+            tokio::time::sleep(*pause).await;
+            *pause = (*pause * 2).min(RENEW_MAX_PAUSE);
+            let core = self.generation.upgrade()?;
+            if self.session.exp <= crate::pool::unix_ms()
+                || core.sessions.is_revoked(&self.revocation)
+                || core.cache.session_revoked(&self.revocation).await
+            {
+                return None;
+            }
+            let mut ctx = self.ctx.clone();
+            ctx.start = std::time::Instant::now();
+            let opened = open_subscription(
+                &core,
+                &mut ctx,
+                &self.route,
+                &self.headers,
+                &self.session,
+                &self.uri,
+            )
+            .await;
+            match opened {
+                Ok(feed) => return Some((feed, core.metrics.listen_stream(&self.route.name()))),
+                Err(GatewayError::MethodNotFound(why)) => {
+                    tracing::info!(route = %self.route.name(), %why, "a legacy client's subscription ended: not renewed");
+                    return None;
+                }
+                Err(error) => {
+                    tracing::debug!(route = %self.route.name(), %error, "a legacy client's subscription not renewed yet");
+                }
+            }
+        }
+    }
+}
+
+/// Relays a subscription's `notifications/resources/updated` to the client's channel, renewing
+/// its upstream listen whenever it ends; the entry goes when the subscription cannot be
+/// renewed (an unsubscribe or the session's end aborts the task instead).
+async fn relay_subscription(
+    mut feed: Listen,
+    mut open: ListenStream,
+    client: Arc<Client>,
+    renewal: Renewal,
+) {
+    let mut pause = RENEW_FIRST_PAUSE;
+    loop {
+        let since = Instant::now();
         while let Some(Ok(m)) = feed.next().await {
             if let Some((method, v)) = plain(&m)
                 && method == "notifications/resources/updated"
             {
-                let _ = held.tx.send(Bytes::from(v.to_string()));
+                let _ = client.tx.send(Bytes::from(v.to_string()));
             }
         }
-        // The upstream ended the stream: the subscription is gone, so a new
-        // `resources/subscribe` opens a new one.
-        held.subscriptions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&key);
-    });
-    subs.insert(uri.to_string(), Feed(task.abort_handle()));
-    drop(subs);
-    Ok(result(id, json!({})))
+        drop(open);
+        // A listen that lived long was a healthy one: renew it at once; one that keeps ending
+        // quickly is renewed ever more slowly.
+        if since.elapsed() > RENEW_MAX_PAUSE {
+            pause = RENEW_FIRST_PAUSE;
+        }
+        let Some((renewed, gauge)) = renewal.reopen(&mut pause).await else {
+            break;
+        };
+        (feed, open) = (renewed, gauge);
+        // Nothing listened in between: the resource may have changed, so the client re-reads.
+        let note = json!({"jsonrpc":"2.0","method":"notifications/resources/updated",
+            "params":{"uri": renewal.uri}});
+        let _ = client.tx.send(Bytes::from(note.to_string()));
+    }
+    // Not renewed: the subscription is gone, so a new `resources/subscribe` opens a new one.
+    client
+        .subscriptions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&renewal.uri);
 }
 
 /// `logging/setLevel`: kept for the client, and set in its upstream sessions on

@@ -593,6 +593,117 @@ async fn legacy_client_subscribes_on_a_modern_backend() {
     gw.stop().await;
 }
 
+/// A legacy client's subscription outlives the upstream listen behind it: when the backend
+/// restarts, portico subscribes again in the client's name (a new upstream session on an
+/// initialize-era backend), and the client — whose GET stream ended with its own listen, so it
+/// reconnects — hears the resource's updates again; an unsubscribe then ends the renewed
+/// listen. Without the renewal the subscription would go silent with nothing telling the
+/// client.
+#[tokio::test]
+async fn a_legacy_clients_subscription_is_renewed_when_the_backend_restarts() {
+    for legacy in [false, true] {
+        let m = if legacy {
+            MockMcp::legacy().subscribe_and_log()
+        } else {
+            MockMcp::modern().subscribe_and_log()
+        }
+        .start()
+        .await;
+        // What carries a subscription upstream: a listen (2026-07-28) or the session's GET
+        // stream after `resources/subscribe` (initialize era).
+        let carriers = |m: &crate::common::mock::MockHandle| {
+            if legacy {
+                m.get_streams()
+            } else {
+                m.listen_streams()
+            }
+        };
+        let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+        let url = gw.url("/mcp/b");
+        let (a, _) = OldClient::connect(&url, "2025-11-25").await;
+        let r = a
+            .call(json!(1), "resources/subscribe", json!({"uri":"mock://r"}))
+            .await;
+        assert_eq!(r.json()["result"], json!({}), "{legacy}: {:?}", r.body);
+        assert_eq!(m.count("resources/subscribe"), u64::from(legacy));
+        until("the subscription upstream", || async { carriers(&m) == 1 }).await;
+        m.restart();
+        until("the subscription renewed upstream", || async {
+            carriers(&m) == 1
+        })
+        .await;
+        if legacy {
+            assert_eq!(m.count("resources/subscribe"), 2, "subscribed again");
+        }
+        let mut get = get_stream(&url, &a.sid).await;
+        until("the GET stream's listen too", || async {
+            open_listens(&gw, "b").await == 2
+        })
+        .await;
+        m.update_resource("mock://r");
+        let notes = get.read_until("notifications/resources/updated").await;
+        let updates: Vec<&Value> = notes
+            .iter()
+            .filter(|n| n["method"] == "notifications/resources/updated")
+            .collect();
+        assert!(!updates.is_empty(), "{legacy}: {notes:?}");
+        assert!(
+            updates.iter().all(|n| n["params"]["uri"] == "mock://r"),
+            "{legacy}: {notes:?}"
+        );
+        let r = a
+            .call(json!(2), "resources/unsubscribe", json!({"uri":"mock://r"}))
+            .await;
+        assert_eq!(r.json()["result"], json!({}));
+        until("the renewed listen closed", || async {
+            open_listens(&gw, "b").await == 1
+        })
+        .await;
+        drop(get);
+        gw.stop().await;
+    }
+}
+
+/// A 2026-07-28 client's listen on an initialize-era backend that restarted (and forgot the
+/// upstream session portico holds for the client): the session's GET stream answers 404, and
+/// the listen is served in a new session rather than refused until some other request
+/// happens to re-initialize it.
+#[tokio::test]
+async fn a_listen_after_a_legacy_backend_restart_opens_a_new_session() {
+    let m = MockMcp::legacy().list_changed().start().await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    let filter = json!({"toolsListChanged": true});
+    let (status, mut first) = Listen::open(&url, json!("l1"), filter.clone()).await;
+    assert_eq!(status, 200);
+    let ack = first
+        .read_until("notifications/subscriptions/acknowledged")
+        .await;
+    assert_eq!(ack[0]["params"]["notifications"], filter, "{ack:?}");
+    assert_eq!(m.count("initialize"), 1);
+    m.restart();
+    let ended = first.read(3000).await;
+    assert!(
+        ended
+            .iter()
+            .any(|m| m["id"] == "l1" && m.get("result").is_some()),
+        "the listen ends with its session's stream: {ended:?}"
+    );
+    let (status, mut second) = Listen::open(&url, json!("l2"), filter.clone()).await;
+    assert_eq!(status, 200);
+    let ack = second
+        .read_until("notifications/subscriptions/acknowledged")
+        .await;
+    assert_eq!(ack[0]["params"]["notifications"], filter, "{ack:?}");
+    assert_eq!(m.count("initialize"), 2, "a new upstream session");
+    until("its GET stream", || async { m.get_streams() == 1 }).await;
+    m.add_tool("late");
+    let notes = second.read_until("notifications/tools/list_changed").await;
+    assert_eq!(count(&notes, "notifications/tools/list_changed"), 1);
+    drop(second);
+    gw.stop().await;
+}
+
 /// The `data` of the log lines in an answer.
 fn log_lines(r: &Resp) -> Vec<String> {
     r.messages()

@@ -372,6 +372,15 @@ impl MockHandle {
         self.state.listeners.lock().unwrap().clear();
     }
 
+    /// Restarts, as far as a client can tell: every listen stream and legacy GET stream ends,
+    /// and the legacy sessions and their subscriptions are forgotten.
+    pub fn restart(&self) {
+        self.end_listens();
+        self.state.get_streams.lock().unwrap().clear();
+        self.state.subscribed.lock().unwrap().clear();
+        self.drop_sessions();
+    }
+
     /// Announces `notifications/resources/updated` for `uri` to whoever subscribed to it: listen
     /// streams that named it, legacy sessions' GET streams after `resources/subscribe`.
     pub fn update_resource(&self, uri: &str) {
