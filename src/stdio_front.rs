@@ -27,7 +27,9 @@
 //!   its answer is written and before the client can send anything that needs it.
 //! - **Cancellation.** `notifications/cancelled` aborts the matching task: dropping its answer
 //!   closes the upstream stream (and the bridge tells a legacy upstream `notifications/cancelled`).
-//!   It is never forwarded: on HTTP, closing the stream *is* the cancel.
+//!   It is never forwarded to a backend: on HTTP, closing the stream *is* the cancel. A batch
+//!   element has no task of its own: its cancel goes to the pipeline in the session, as an HTTP
+//!   client's would, which drops that element's call (`step::calls`).
 //! - **Bad input.** A non-JSON line gets `-32700` (id null), an over-long line a `-32600` naming
 //!   the limit — skipped without buffering it — and the process keeps going. Notifications and
 //!   responses are never answered, even when the pipeline refuses them (JSON-RPC forbids it).
@@ -421,7 +423,18 @@ impl LineCtx<'_> {
             }
         };
         if env.kind == Kind::Notification && env.method == "notifications/cancelled" {
-            self.cancel(&body);
+            if !self.cancel(&body) && self.session.is_some() {
+                // No line of its own here: an element of a batch (one request to the pipeline),
+                // cancelled there as an HTTP client's cancel is (`step::calls`).
+                let req = request(
+                    self.path,
+                    Some(&env),
+                    body,
+                    self.session.as_ref(),
+                    self.caller,
+                );
+                let _ = crate::proxy::handle(self.state.clone(), req).await;
+            }
             return;
         }
         let answers = env.kind == Kind::Request;
@@ -521,8 +534,9 @@ impl LineCtx<'_> {
         session.notes = Some(tokio::spawn(relay_notes(link, body, out)).abort_handle());
     }
 
-    /// `notifications/cancelled {requestId}`: drop the matching task (its upstream stream with it).
-    fn cancel(&mut self, body: &[u8]) {
+    /// `notifications/cancelled {requestId}`: drop the matching task (its upstream stream with
+    /// it); whether there was one.
+    fn cancel(&mut self, body: &[u8]) -> bool {
         let id = serde_json::from_slice::<Value>(body)
             .ok()
             .and_then(|v| RequestId::from_value(&v["params"]["requestId"]));
@@ -530,8 +544,12 @@ impl LineCtx<'_> {
             Some(id) => {
                 let found = self.inflight.cancel(&id);
                 tracing::debug!(id = id.json(), found, "client cancelled a request");
+                found
             }
-            None => tracing::debug!("notifications/cancelled without a usable requestId"),
+            None => {
+                tracing::debug!("notifications/cancelled without a usable requestId");
+                true
+            }
         }
     }
 }

@@ -6,7 +6,9 @@
 //! id, so it is looked up here under the client's scope (its authorization context, or its
 //! legacy-client session: `bridge::Owner::scope`) — never forwarded. Cancelling drops the call:
 //! the transport then tells the server `notifications/cancelled` with the id *it* saw (the
-//! bridge's `CancelGuard`, the stdio transport's own guard).
+//! bridge's `CancelGuard`, the stdio transport's own guard). An initialize-era client's calls
+//! are registered whatever the upstream: it cancels by a notification on another POST, and on a
+//! 2026-07-28 backend dropping the call closes its stream, that revision's cancel.
 //!
 //! Per replica: a cancel that lands on another replica than its request finds nothing (README
 //! "Scale-out").

@@ -309,7 +309,10 @@ async fn answer(
         _ => {
             let params = params::param_headers(core, ctx, backend, req, env).await;
             let sent = StdInstant::now();
-            let reply = if shared_upstream(backend) {
+            // An initialize-era client cancels by `notifications/cancelled` on another POST,
+            // whatever the backend: its calls are registered even where the upstream is its
+            // own (a 2026-07-28 backend, which a cancel reaches as its stream closing).
+            let reply = if shared_upstream(backend) || ctx.client.is_some() {
                 cancellable(core, ctx, backend, req, env, &params).await
             } else {
                 call_backend(ctx, None, backend, req, env, &params).await
@@ -340,10 +343,10 @@ async fn answer(
     }
 }
 
-/// Step 7 on a shared upstream: a request is registered under its client's scope for the
-/// time it is in flight, so the client's `notifications/cancelled` drops it (and the
-/// transport tells the server, with the id the server saw); a cancel is looked up there and
-/// never forwarded.
+/// Step 7 on a shared upstream, or for an initialize-era client: a request is registered under
+/// its client's scope for the time it is in flight, so the client's `notifications/cancelled`
+/// drops it (and the transport tells the server, with the id the server saw, or a 2026-07-28
+/// server sees the request's stream close); a cancel is looked up there and never forwarded.
 async fn cancellable(
     core: &Core,
     ctx: &RequestCtx,

@@ -528,6 +528,46 @@ async fn a_clients_cancel_reaches_only_its_own_call_over_http() {
     assert_eq!(*mock.state.cancelled_tags.lock().unwrap(), ["alice"]);
 }
 
+/// An initialize-era client's `notifications/cancelled` for a call to a 2026-07-28 backend: the
+/// call's upstream stream is closed (cancellation in that revision), the client's call ends,
+/// and another session's call with the same id runs on — not left running upstream because
+/// the upstream is not a shared one.
+#[tokio::test]
+async fn a_legacy_clients_cancel_reaches_a_modern_backend() {
+    let mock = MockMcp::modern().start().await;
+    let gw = gateway_with_auth(&mock.url()).await;
+    let url = gw.url("/mcp/b");
+    let l1 = std::sync::Arc::new(Old::connect(&url, Some(ALICE), "{}").await);
+    let l2 = std::sync::Arc::new(Old::connect(&url, Some(ALICE), "{}").await);
+    let c1 = tokio::spawn({
+        let l1 = l1.clone();
+        async move { l1.tool(json!(7), "slow", json!({"ms":5000})).await }
+    });
+    let c2 = tokio::spawn({
+        let l2 = l2.clone();
+        async move { l2.tool(json!(7), "slow", json!({"ms":1200})).await }
+    });
+    eventually("both calls upstream", || mock.count("tools/call") == 2).await;
+    let r = l1
+        .post(json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"user"}}))
+        .await;
+    assert_eq!(r.status, 202);
+    assert!(
+        mock.wait_cancelled(Duration::from_secs(3)).await,
+        "the backend never saw the call's stream close"
+    );
+    tokio::time::timeout(Duration::from_secs(3), c1)
+        .await
+        .expect("the cancelled call ends")
+        .unwrap();
+    let c2 = tokio::time::timeout(Duration::from_secs(5), c2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(text(&c2), "slept 1200");
+    gw.stop().await;
+}
+
 /// One shared stdio child, two principals with the same id in flight: each cancel reaches its
 /// own call only (the child records which).
 #[tokio::test]

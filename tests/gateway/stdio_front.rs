@@ -421,6 +421,59 @@ async fn a_2025_03_26_client_batches_over_stdio() {
     }
 }
 
+/// A batch element over stdio is cancelled on its own: the cancel reaches that element's call
+/// (the backend hears `notifications/cancelled` for it), the batch is answered without waiting
+/// for it, and the other element's answer is there.
+#[tokio::test]
+async fn a_batch_element_is_cancelled_over_stdio() {
+    let mock = MockMcp::legacy().start().await;
+    let mut p = StdioProc::spawn(&["--url", &mock.url()]);
+    p.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#).await;
+    assert_eq!(
+        p.answer(json!(0)).await["result"]["protocolVersion"],
+        "2025-03-26"
+    );
+    p.send(r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","arguments":{"ms":8000,"tag":"one"}}},{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"two"}}}]"#).await;
+    let t = std::time::Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while mock.count("tools/call") < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "both calls upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"user"}}"#).await;
+    let answer = p.next_json().await.expect("an answer line");
+    assert!(
+        t.elapsed() < Duration::from_secs(6),
+        "not held for the cancelled call"
+    );
+    let all = answer.as_array().unwrap_or_else(|| panic!("{answer}"));
+    let two = all
+        .iter()
+        .find(|m| m["id"] == 2)
+        .unwrap_or_else(|| panic!("{answer}"));
+    assert_eq!(two["result"]["content"][0]["text"], "two", "{answer}");
+    assert!(
+        all.iter()
+            .all(|m| m["id"] != 1 || m.get("result").is_none()),
+        "the cancelled element has no result: {answer}"
+    );
+    let st = mock.state.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while st.cancelled_tags.lock().unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the backend heard the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(*st.cancelled_tags.lock().unwrap(), ["one"]);
+    let (_, status) = p.finish().await;
+    assert!(status.success());
+}
+
 #[tokio::test]
 async fn bad_lines_get_errors_and_the_process_keeps_going() {
     let mock = MockMcp::modern().start().await;
