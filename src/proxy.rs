@@ -124,7 +124,15 @@ where
         Method::GET => {
             frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
             ctx.era = Some(frontend::Era::Legacy);
-            return Box::pin(legacy::get(state, ctx, path, route, &parts.headers)).await;
+            return Box::pin(legacy::get(
+                state,
+                state.clone(),
+                ctx,
+                path,
+                route,
+                &parts.headers,
+            ))
+            .await;
         }
         _ => return Err(GatewayError::MethodNotAllowed),
     }

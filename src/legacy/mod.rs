@@ -108,6 +108,7 @@ pub async fn serve(
 /// (the spec allows a server to offer no stream).
 pub async fn get(
     core: &Core,
+    generation: relay::Generation,
     ctx: &mut RequestCtx,
     path: &str,
     route: &Route,
@@ -125,7 +126,18 @@ pub async fn get(
     let owner = owner_of(sid, &session);
     ctx.client = Some(owner.clone());
     ctx.method = Some("GET stream".into());
-    notes::get_stream(core, ctx, route, headers, &owner, &session).await
+    let revocation = revocation_key(sid, &session);
+    notes::get_stream(
+        core,
+        &generation,
+        ctx,
+        route,
+        headers,
+        &owner,
+        &session,
+        revocation,
+    )
+    .await
 }
 
 /// The session `sid` names, when it opens for this caller on this endpoint and has not been

@@ -9,8 +9,13 @@
 //!   `logLevel` `debug` (the client's own `logging/setLevel` filters, read per line), merged with
 //!   the client's channel (`step::clients`). The stream carries the notifications without
 //!   `subscriptionId` (legacy clients know none); it ends when the client leaves, and the
-//!   upstream listen with it — and when that listen ends having agreed to tell something, so
-//!   that the client reconnects to a fresh one rather than hold a stream nothing reaches.
+//!   upstream listen with it, or when the session ends. When the upstream ends that listen
+//!   having agreed to tell something (a restarting backend), portico opens it again and tells
+//!   the client each agreed list may have changed meanwhile ([`Changes`]).
+//!
+//! A listen held for the client is opened again outside any request ([`Renewal`]: its
+//! identity, headers and session; after 0.25 s, the pause doubling to 30 s while that fails),
+//! for as long as the session and its config generation live.
 //! - **`resources/subscribe`**: one listen with `resourceSubscriptions: [uri]`, answered once
 //!   the upstream acknowledged the URI (an initialize-era backend: after its own
 //!   `resources/subscribe` in the client's session). A task relays its
@@ -26,8 +31,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, Response};
 use serde_json::{Value, json};
+use std::collections::VecDeque;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -102,13 +108,16 @@ fn plain(msg: &[u8]) -> Option<(String, Value)> {
 }
 
 /// `GET` with a live session id: the client's notification stream.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn get_stream(
     core: &Core,
+    generation: &relay::Generation,
     ctx: &mut RequestCtx,
     route: &Route,
     headers: &HeaderMap,
     owner: &Arc<Owner>,
     session: &SessionData,
+    revocation: [u8; 32],
 ) -> Result<Response<Body>, GatewayError> {
     let client =
         core.clients
@@ -117,50 +126,36 @@ pub(super) async fn get_stream(
                 backend: route.name().to_string(),
             })?;
     let mine = client.tx.subscribe();
-    let filter =
-        json!({"toolsListChanged":true,"promptsListChanged":true,"resourcesListChanged":true});
-    let body = listen_body("portico-get-stream", filter, true, session)?;
-    let feed = match open_listen(core, ctx, route, headers, body).await {
-        Ok(f) => f,
+    let renewal = Renewal::new(
+        generation,
+        ctx,
+        route,
+        headers,
+        session,
+        revocation,
+        Want::Changes,
+    );
+    let feed = match renewal.open(core, ctx).await {
+        Ok(f) => Some(f),
         Err(error) => {
-            // The client's own subscriptions still reach it.
-            tracing::info!(route = %route.name(), %error, "no change notifications for a legacy client's GET stream");
-            futures_util::stream::pending().boxed()
+            // Opened again after a pause; the client's own subscriptions reach it meanwhile.
+            tracing::info!(route = %route.name(), %error, "no change notifications for a legacy client's GET stream yet");
+            None
         }
     };
     let open = core.metrics.listen_stream(&route.name());
-    // Whether the upstream agreed to tell anything: then the end of its listen ends the
-    // client's stream, and the client's reconnection (both SDKs reconnect a GET stream that
-    // ends) opens a new one; a listen that agreed nothing ends at once, and ending the
-    // client's stream with it would only make the client reconnect in a loop.
-    let heard = Arc::new(AtomicBool::new(false));
-    let agreed = heard.clone();
-    let feed = feed.filter_map(move |m| {
-        let out = match m {
-            Ok(m) => match plain(&m) {
-                Some((method, v)) => match method.as_str() {
-                    "notifications/subscriptions/acknowledged" => {
-                        let any = v["params"]["notifications"]
-                            .as_object()
-                            .is_some_and(|n| !n.is_empty());
-                        agreed.store(any, Ordering::Relaxed);
-                        None
-                    }
-                    "notifications/message" => {
-                        let min = client.level.load(Ordering::Relaxed);
-                        let rank = v["params"]["level"].as_str().and_then(log_rank);
-                        rank.filter(|r| min != 0 && *r + 1 >= min)
-                            .map(|_| Bytes::from(v.to_string()))
-                    }
-                    _ => Some(Bytes::from(v.to_string())),
-                },
-                None => None,
-            },
-            Err(_) => None,
-        };
-        std::future::ready(out.map(Merged::Message))
-    });
-    let feed = feed.chain(futures_util::stream::once(async { Merged::Ended }));
+    let changes = Changes {
+        feed,
+        renewal,
+        client,
+        pause: RENEW_FIRST_PAUSE,
+        since: Instant::now(),
+        agreed: Vec::new(),
+        renewed: false,
+        idle: false,
+        queue: VecDeque::new(),
+    }
+    .stream();
     let mine = futures_util::stream::unfold(mine, |mut rx| async move {
         loop {
             match rx.recv().await {
@@ -170,24 +165,128 @@ pub(super) async fn get_stream(
             }
         }
     });
-    let events = futures_util::stream::select(feed.boxed(), mine.map(Merged::Message).boxed())
-        .take_while(move |item| {
-            std::future::ready(!matches!(item, Merged::Ended) || !heard.load(Ordering::Relaxed))
-        })
-        .filter_map(move |item| {
+    let events = futures_util::stream::select(changes.boxed(), mine.map(Some).boxed())
+        // `None`: the session or its generation ended, and the stream with it.
+        .take_while(|m| std::future::ready(m.is_some()))
+        .filter_map(move |m| {
             let _open = &open;
-            std::future::ready(match item {
-                Merged::Message(m) => Some(sse_event(&m)),
-                Merged::Ended => None,
-            })
+            std::future::ready(m.map(|m| sse_event(&m)))
         });
     Ok(sse_response(Body::Stream(Box::pin(events))))
 }
 
-/// What a legacy client's GET stream merges: messages, and the end of the upstream listen.
-enum Merged {
-    Message(Bytes),
-    Ended,
+/// The list changes and log lines of a legacy client's GET stream: its upstream listen, opened
+/// again whenever it ends having agreed something (a restarting backend) — the client would
+/// otherwise hold a stream nothing reaches, or depend on reconnecting (which an SDK gives up
+/// after a few tries) — followed by a `list_changed` of each kind agreed, as the lists may
+/// have changed meanwhile. A listen that agreed nothing is not opened again: the stream stays
+/// open for the client's subscriptions.
+struct Changes {
+    feed: Option<Listen>,
+    renewal: Renewal,
+    client: Arc<Client>,
+    pause: Duration,
+    /// When the current listen was opened.
+    since: Instant,
+    /// The `list_changed` methods the current listen agreed to (its acknowledgement's kinds).
+    agreed: Vec<&'static str>,
+    /// The current listen replaced one that ended: its acknowledgement is followed by the
+    /// catch-up notifications.
+    renewed: bool,
+    /// Nothing to renew: only the client's subscriptions are heard.
+    idle: bool,
+    queue: VecDeque<Bytes>,
+}
+
+/// The list-change kinds a listen filter names, and the notification of each.
+const CHANGE_KINDS: [(&str, &str); 3] = [
+    ("toolsListChanged", "notifications/tools/list_changed"),
+    ("promptsListChanged", "notifications/prompts/list_changed"),
+    (
+        "resourcesListChanged",
+        "notifications/resources/list_changed",
+    ),
+];
+
+impl Changes {
+    /// Messages for the client; `None` once the session or its generation ended.
+    fn stream(self) -> impl futures_util::Stream<Item = Option<Bytes>> + Send + 'static {
+        futures_util::stream::unfold(Some(self), |st| async move {
+            let mut st = st?;
+            loop {
+                if let Some(m) = st.queue.pop_front() {
+                    return Some((Some(m), Some(st)));
+                }
+                if st.idle {
+                    std::future::pending::<()>().await;
+                }
+                if let Some(feed) = st.feed.as_mut() {
+                    match feed.next().await {
+                        Some(Ok(m)) => {
+                            if let Some(out) = st.message(&m) {
+                                return Some((Some(out), Some(st)));
+                            }
+                        }
+                        Some(Err(_)) | None => st.ended(),
+                    }
+                    continue;
+                }
+                match st.renewal.reopen(&mut st.pause).await {
+                    Reopened::Listen(feed) => {
+                        st.feed = Some(feed);
+                        st.since = Instant::now();
+                        st.renewed = true;
+                    }
+                    Reopened::Refused => st.idle = true,
+                    Reopened::Gone => return Some((None, None)),
+                }
+            }
+        })
+    }
+
+    /// The current listen ended: renewed (after a pause) if it agreed something.
+    fn ended(&mut self) {
+        self.feed = None;
+        if self.agreed.is_empty() {
+            self.idle = true;
+            return;
+        }
+        self.agreed.clear();
+        // A listen that lived long was a healthy one: renewed at once; one that keeps ending
+        // quickly ever more slowly.
+        if self.since.elapsed() > RENEW_MAX_PAUSE {
+            self.pause = RENEW_FIRST_PAUSE;
+        }
+    }
+
+    /// One upstream message as the client gets it, if it gets it.
+    fn message(&mut self, m: &[u8]) -> Option<Bytes> {
+        let (method, v) = plain(m)?;
+        match method.as_str() {
+            "notifications/subscriptions/acknowledged" => {
+                let kinds = &v["params"]["notifications"];
+                self.agreed = CHANGE_KINDS
+                    .iter()
+                    .filter(|(flag, _)| kinds[*flag] == json!(true))
+                    .map(|(_, method)| *method)
+                    .collect();
+                if std::mem::take(&mut self.renewed) {
+                    for method in &self.agreed {
+                        let note = json!({"jsonrpc":"2.0","method":method});
+                        self.queue.push_back(Bytes::from(note.to_string()));
+                    }
+                }
+                None
+            }
+            "notifications/message" => {
+                let min = self.client.level.load(Ordering::Relaxed);
+                let rank = v["params"]["level"].as_str().and_then(log_rank);
+                rank.filter(|r| min != 0 && *r + 1 >= min)
+                    .map(|_| Bytes::from(v.to_string()))
+            }
+            _ => Some(Bytes::from(v.to_string())),
+        }
+    }
 }
 
 /// `resources/subscribe` / `resources/unsubscribe` (`subscribe` false) of `uri`.
@@ -237,21 +336,17 @@ pub(super) async fn subscribe(
             )));
         }
     }
-    let feed = open_subscription(core, ctx, route, headers, session, uri).await?;
-    let open = core.metrics.listen_stream(&route.name());
-    // What renews the subscription when its upstream listen ends: this request's identity and
-    // headers, without its span (the request is over by then).
-    let mut background = ctx.clone();
-    background.trace = None;
-    let renewal = Renewal {
-        generation: Arc::downgrade(generation),
-        ctx: background,
-        route: route.clone(),
-        headers: headers.clone(),
-        session: session.clone(),
+    let renewal = Renewal::new(
+        generation,
+        ctx,
+        route,
+        headers,
+        session,
         revocation,
-        uri: uri.to_string(),
-    };
+        Want::Resource(uri.to_string()),
+    );
+    let feed = renewal.open(core, ctx).await?;
+    let open = core.metrics.listen_stream(&route.name());
     // Inserted before the task can end, so an upstream that ends at once leaves no entry.
     let mut subs = client
         .subscriptions
@@ -321,15 +416,15 @@ const RENEW_FIRST_PAUSE: Duration = Duration::from_millis(250);
 /// The longest pause between two renewals of one subscription.
 const RENEW_MAX_PAUSE: Duration = Duration::from_secs(30);
 
-/// What a subscription needs to open its upstream listen again, outside any request: a
-/// restarting backend ends the listen, and the client — which holds
-/// its subscription until it unsubscribes or its session ends — would otherwise hear nothing
-/// more of the resource, unaware.
+/// What a listen held for a legacy client needs to be opened again, outside any request: a
+/// restarting backend ends it, and the client — which holds its GET stream and its
+/// subscriptions until it leaves, unsubscribes or its session ends — would otherwise hear
+/// nothing more, unaware.
 struct Renewal {
     /// The config generation the client's entry belongs to (a reload starts the clients anew,
-    /// so a subscription does not outlive its generation).
+    /// so a listen held for one does not outlive its generation).
     generation: Weak<dyn Deref<Target = Core> + Send + Sync>,
-    /// The subscribing request's context: the client's owner (its own upstream sessions) and
+    /// The opening request's context: the client's owner (its own upstream sessions) and
     /// identity, through the same per-backend step.
     ctx: RequestCtx,
     route: Route,
@@ -338,43 +433,91 @@ struct Renewal {
     /// The session's name in the revocation set: a session ended on another replica stops
     /// renewing.
     revocation: [u8; 32],
-    uri: String,
+    want: Want,
+}
+
+/// What a listen held for a legacy client is for.
+enum Want {
+    /// Its GET stream: list changes of every kind, and log lines.
+    Changes,
+    /// A `resources/subscribe` of this URI.
+    Resource(String),
+}
+
+/// How reopening a listen went.
+enum Reopened {
+    Listen(Listen),
+    /// The backend no longer offers it.
+    Refused,
+    /// The session or its config generation ended.
+    Gone,
 }
 
 impl Renewal {
+    /// `ctx` as it will be for every reopening: this request's identity and headers, without
+    /// its span (the request is over by then).
+    fn new(
+        generation: &relay::Generation,
+        ctx: &RequestCtx,
+        route: &Route,
+        headers: &HeaderMap,
+        session: &SessionData,
+        revocation: [u8; 32],
+        want: Want,
+    ) -> Renewal {
+        let mut background = ctx.clone();
+        background.trace = None;
+        Renewal {
+            generation: Arc::downgrade(generation),
+            ctx: background,
+            route: route.clone(),
+            headers: headers.clone(),
+            session: session.clone(),
+            revocation,
+            want,
+        }
+    }
+
+    /// Opens the listen through the route (a subscription: once acknowledged).
+    async fn open(&self, core: &Core, ctx: &mut RequestCtx) -> Result<Listen, GatewayError> {
+        match &self.want {
+            Want::Changes => {
+                let filter = json!({"toolsListChanged":true,"promptsListChanged":true,
+                    "resourcesListChanged":true});
+                let body = listen_body("portico-get-stream", filter, true, &self.session)?;
+                open_listen(core, ctx, &self.route, &self.headers, body).await
+            }
+            Want::Resource(uri) => {
+                open_subscription(core, ctx, &self.route, &self.headers, &self.session, uri).await
+            }
+        }
+    }
+
     /// Opens the listen again after a pause, retrying with a doubling pause while the session
-    /// lives; `None` when the session or its generation ended, or the backend no longer offers
-    /// updates of the URI.
-    async fn reopen(&self, pause: &mut Duration) -> Option<(Listen, ListenStream)> {
+    /// and its generation live.
+    async fn reopen(&self, pause: &mut Duration) -> Reopened {
         loop {
             tokio::time::sleep(*pause).await;
             *pause = (*pause * 2).min(RENEW_MAX_PAUSE);
-            let core = self.generation.upgrade()?;
+            let Some(core) = self.generation.upgrade() else {
+                return Reopened::Gone;
+            };
             if self.session.exp <= crate::pool::unix_ms()
                 || core.sessions.is_revoked(&self.revocation)
                 || core.cache.session_revoked(&self.revocation).await
             {
-                return None;
+                return Reopened::Gone;
             }
             let mut ctx = self.ctx.clone();
             ctx.start = std::time::Instant::now();
-            let opened = open_subscription(
-                &core,
-                &mut ctx,
-                &self.route,
-                &self.headers,
-                &self.session,
-                &self.uri,
-            )
-            .await;
-            match opened {
-                Ok(feed) => return Some((feed, core.metrics.listen_stream(&self.route.name()))),
+            match self.open(&core, &mut ctx).await {
+                Ok(feed) => return Reopened::Listen(feed),
                 Err(GatewayError::MethodNotFound(why)) => {
-                    tracing::info!(route = %self.route.name(), %why, "a legacy client's subscription ended: not renewed");
-                    return None;
+                    tracing::info!(route = %self.route.name(), %why, "a legacy client's listen not renewed");
+                    return Reopened::Refused;
                 }
                 Err(error) => {
-                    tracing::debug!(route = %self.route.name(), %error, "a legacy client's subscription not renewed yet");
+                    tracing::debug!(route = %self.route.name(), %error, "a legacy client's listen not renewed yet");
                 }
             }
         }
@@ -390,6 +533,9 @@ async fn relay_subscription(
     client: Arc<Client>,
     renewal: Renewal,
 ) {
+    let Want::Resource(uri) = &renewal.want else {
+        return;
+    };
     let mut pause = RENEW_FIRST_PAUSE;
     loop {
         let since = Instant::now();
@@ -406,13 +552,16 @@ async fn relay_subscription(
         if since.elapsed() > RENEW_MAX_PAUSE {
             pause = RENEW_FIRST_PAUSE;
         }
-        let Some((renewed, gauge)) = renewal.reopen(&mut pause).await else {
+        let Reopened::Listen(renewed) = renewal.reopen(&mut pause).await else {
             break;
         };
-        (feed, open) = (renewed, gauge);
+        let Some(core) = renewal.generation.upgrade() else {
+            break;
+        };
+        (feed, open) = (renewed, core.metrics.listen_stream(&renewal.route.name()));
         // Nothing listened in between: the resource may have changed, so the client re-reads.
         let note = json!({"jsonrpc":"2.0","method":"notifications/resources/updated",
-            "params":{"uri": renewal.uri}});
+            "params":{"uri": uri}});
         let _ = client.tx.send(Bytes::from(note.to_string()));
     }
     // Not renewed: the subscription is gone, so a new `resources/subscribe` opens a new one.
@@ -420,7 +569,7 @@ async fn relay_subscription(
         .subscriptions
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(&renewal.uri);
+        .remove(uri);
 }
 
 /// `logging/setLevel`: kept for the client, and set in its upstream sessions on

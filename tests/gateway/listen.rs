@@ -507,12 +507,13 @@ async fn legacy_clients_get_notifications_subscriptions_and_their_own_logs() {
     gw.stop().await;
 }
 
-/// A legacy client's GET stream ends when the upstream listen behind it ends (a restarting
-/// server), so that the client reconnects (both SDKs do) and is heard again — it used to stay
-/// open and deaf. Where the upstream agreed to tell nothing (a server with no GET stream), the
-/// stream stays open for the client's own messages rather than ending into a reconnect loop.
+/// A legacy client's GET stream outlives the upstream listen behind it: when the backend ends
+/// it (a restart), portico opens it again in the client's name, tells the client each agreed
+/// list may have changed meanwhile, and relays the backend's changes again — on the same
+/// stream, without the client reconnecting (which an SDK gives up after a few tries). A
+/// server that offers nothing to hear leaves the stream open and quiet.
 #[tokio::test]
-async fn a_legacy_clients_get_stream_ends_with_the_listen_behind_it() {
+async fn a_legacy_clients_get_stream_is_renewed_when_the_listen_behind_it_ends() {
     let m = MockMcp::modern().list_changed().start().await;
     let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
     let url = gw.url("/mcp/b");
@@ -520,20 +521,29 @@ async fn a_legacy_clients_get_stream_ends_with_the_listen_behind_it() {
     let mut get = get_stream(&url, &a.sid).await;
     until("the upstream listen", || async { m.listen_streams() == 1 }).await;
     m.end_listens();
-    let t = Instant::now();
-    let heard = get.read(5000).await;
-    assert!(t.elapsed() < Duration::from_secs(4), "the GET stream ended");
-    assert!(heard.is_empty(), "{heard:?}");
-    // The client reconnects, and hears changes again.
-    let mut get = get_stream(&url, &a.sid).await;
     until("the upstream listen again", || async {
         m.listen_streams() == 1
     })
     .await;
+    let notes = get.read_until("notifications/resources/list_changed").await;
+    for kind in ["tools", "prompts", "resources"] {
+        let method = format!("notifications/{kind}/list_changed");
+        assert_eq!(count(&notes, &method), 1, "caught up: {notes:?}");
+    }
     m.add_tool("late");
     let notes = get.read_until("notifications/tools/list_changed").await;
-    assert_eq!(count(&notes, "notifications/tools/list_changed"), 1);
+    assert_eq!(
+        count(&notes, "notifications/tools/list_changed"),
+        1,
+        "{notes:?}"
+    );
+    assert_eq!(open_listens(&gw, "b").await, 1);
     drop(get);
+    until(
+        "the renewed listen closed with the client's stream",
+        || async { m.listen_streams() == 0 },
+    )
+    .await;
     gw.stop().await;
 
     let m = MockMcp::legacy()
