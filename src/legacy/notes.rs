@@ -15,7 +15,8 @@
 //!
 //! A listen held for the client is opened again outside any request ([`Renewal`]: its
 //! identity, headers and session; after 0.25 s, the pause doubling to 30 s while that fails),
-//! for as long as the session and its config generation live.
+//! for as long as the session and its config generation live and its credentials still
+//! authenticate.
 //! - **`resources/subscribe`**: one listen with `resourceSubscriptions: [uri]`, answered once
 //!   the upstream acknowledged the URI (an initialize-era backend: after its own
 //!   `resources/subscribe` in the client's session). A task relays its
@@ -510,6 +511,21 @@ impl Renewal {
             }
             let mut ctx = self.ctx.clone();
             ctx.start = std::time::Instant::now();
+            // The credentials the client opened it with are checked again, as each of its
+            // requests' are: a token that expired (or a key no longer accepted) ends it.
+            if core.auth.enabled() {
+                match core
+                    .auth
+                    .authenticate(&self.headers, &self.session.path)
+                    .await
+                {
+                    Ok(principal) => ctx.principal = principal,
+                    Err(error) => {
+                        tracing::info!(route = %self.route.name(), %error, "a legacy client's listen not renewed: its credentials no longer hold");
+                        return Reopened::Gone;
+                    }
+                }
+            }
             match self.open(&core, &mut ctx).await {
                 Ok(feed) => return Reopened::Listen(feed),
                 Err(GatewayError::MethodNotFound(why)) => {

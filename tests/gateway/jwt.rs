@@ -644,3 +644,30 @@ async fn an_unknown_kid_refetches_the_jwks_at_most_once_per_interval() {
     assert_eq!(served.load(Ordering::SeqCst), 2, "rate limited");
     gw.stop().await;
 }
+
+/// A legacy client's subscription is renewed only while the credentials it was opened with
+/// still authenticate: once its token has expired, a backend restart ends the subscription
+/// rather than renewing it in the name of a token portico would now refuse.
+#[tokio::test]
+async fn a_subscription_is_not_renewed_on_an_expired_token() {
+    let keys = Keys::new();
+    let mock = MockMcp::modern().subscribe_and_log().start().await;
+    let gw = jwt_gateway(&keys, &mock.url(), "leeway_s = 0", "").await;
+    let url = gw.url("/mcp/m");
+    let token = keys.hs(&json!({"sub": "alice", "exp": now() + 2}));
+    let old = crate::sessions::Old::connect(&url, Some(&token), "{}").await;
+    let r = old
+        .call(json!(1), "resources/subscribe", json!({"uri": "mock://r"}))
+        .await;
+    assert_eq!(r.json()["result"], json!({}), "{:?}", r.body);
+    assert_eq!(mock.resource_listens(), 1);
+    // Past `exp` (whole seconds) with no leeway.
+    tokio::time::sleep(Duration::from_millis(3100)).await;
+    let r = old.call(json!(2), "ping", json!({})).await;
+    assert_eq!(r.status, 401, "the token has expired: {:?}", r.body);
+    mock.end_listens();
+    // A renewal would come after 0.25 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(mock.resource_listens(), 0, "not renewed");
+    gw.stop().await;
+}

@@ -367,6 +367,13 @@ impl MockHandle {
         ls.len()
     }
 
+    /// How many open `subscriptions/listen` streams subscribe to resources.
+    pub fn resource_listens(&self) -> usize {
+        let mut ls = self.state.listeners.lock().unwrap();
+        ls.retain(|(_, tx)| !tx.is_closed());
+        ls.iter().filter(|(uris, _)| !uris.is_empty()).count()
+    }
+
     /// Ends every open `subscriptions/listen` stream (as a restarting server would).
     pub fn end_listens(&self) {
         self.state.listeners.lock().unwrap().clear();
