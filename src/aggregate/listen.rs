@@ -14,7 +14,9 @@
 //!    in to, with `subscriptionId` rewritten to the client's listen id. Repeats of one kind
 //!    within `debounce_ms` of the first (from one member or several) are folded into one.
 //!    `notifications/resources/updated` of an accepted URI is relayed at once.
-//! 3. When every upstream stream has ended, a `SubscriptionsListenResult` and the end. When
+//! 3. When a member's stream that agreed something ends (a restarting backend: its part of
+//!    the stream would go deaf unseen), or every upstream stream has ended, a
+//!    `SubscriptionsListenResult` and the end; the client listens again. When
 //!    the client goes away the response body is dropped, and with it every upstream stream
 //!    (`portico_listen_streams` counts the stream meanwhile).
 
@@ -50,6 +52,9 @@ enum Item {
     ListChanged(&'static str),
     /// A resource update, by URI.
     Updated(String),
+    /// The member ended a listen that had agreed to tell something (a restart): what it
+    /// agreed would no longer reach the client.
+    Ended,
 }
 
 pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
@@ -152,7 +157,10 @@ pub(super) async fn listen(req: &Req<'_>) -> Result<Reply, GatewayError> {
                             return;
                         }
                     }
-                    None => {
+                    // The client's listen ends with any member's that agreed something, so
+                    // the client listens again rather than hold a stream part of which is
+                    // deaf; it ends, too, once every member's has ended.
+                    Some(Item::Ended) | None => {
                         for (method, _) in pending.drain(..) {
                             if !send(note(method, None)).await {
                                 return;
@@ -254,12 +262,13 @@ async fn open(
                 .collect()
         })
         .unwrap_or_default();
-    let flags = KINDS
+    let flags: Vec<&'static str> = KINDS
         .iter()
         .map(|(flag, _)| *flag)
         .filter(|flag| ack["params"]["notifications"][*flag] == json!(true))
         .collect();
     let mine = accepted.clone();
+    let agreed_something = !accepted.is_empty() || !flags.is_empty();
     // The stream ends with the member's result (or an error, or its end).
     let s = messages
         .take_while(|m| {
@@ -269,7 +278,10 @@ async fn open(
             };
             std::future::ready(!end)
         })
-        .filter_map(move |m| std::future::ready(m.ok().and_then(|m| item(&m, &mine))));
+        .filter_map(move |m| std::future::ready(m.ok().and_then(|m| item(&m, &mine))))
+        .chain(futures_util::stream::iter(
+            agreed_something.then_some(Item::Ended),
+        ));
     Ok((accepted, flags, s.boxed()))
 }
 

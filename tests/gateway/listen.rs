@@ -912,3 +912,55 @@ async fn aggregated_listen_routes_resource_subscriptions_by_uri() {
     .await;
     gw.stop().await;
 }
+
+/// An aggregated listen ends when one member's listen that agreed something ends (a restarting
+/// backend), with the client's result, rather than stay open with that member's part deaf and
+/// nothing to tell the client; its other members' listens close with it, and a new listen
+/// hears the restarted member again.
+#[tokio::test]
+async fn an_aggregated_listen_ends_when_a_members_listen_ends() {
+    let a = MockMcp::modern().list_changed().start().await;
+    let b = MockMcp::modern().list_changed().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n[cache]\nenabled = false\n\
+         [[backends]]\nname = \"a\"\nurl = \"{}\"\n\
+         [[backends]]\nname = \"b\"\nurl = \"{}\"\n\
+         [[endpoints]]\npath = \"/mcp\"\nbackends = ['a', 'b']\ndebounce_ms = 20\n",
+        a.url(),
+        b.url()
+    ))
+    .await;
+    let url = gw.url("/mcp");
+    let filter = json!({"toolsListChanged": true});
+    let (status, mut s) = Listen::open(&url, json!("A1"), filter.clone()).await;
+    assert_eq!(status, 200);
+    s.read_until("notifications/subscriptions/acknowledged")
+        .await;
+    assert_eq!((a.listen_streams(), b.listen_streams()), (1, 1));
+    b.end_listens();
+    let t = Instant::now();
+    let rest = s.read(4000).await;
+    assert!(
+        rest.iter()
+            .any(|m| m["id"] == "A1" && m["result"]["resultType"] == "complete"),
+        "the client's listen ends with its result: {rest:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3), "at once");
+    until("the other member's listen closed", || async {
+        a.listen_streams() == 0
+    })
+    .await;
+    let (status, mut s) = Listen::open(&url, json!("A2"), filter).await;
+    assert_eq!(status, 200);
+    s.read_until("notifications/subscriptions/acknowledged")
+        .await;
+    b.add_tool("late");
+    let notes = s.read_until("notifications/tools/list_changed").await;
+    assert_eq!(
+        count(&notes, "notifications/tools/list_changed"),
+        1,
+        "{notes:?}"
+    );
+    drop(s);
+    gw.stop().await;
+}
