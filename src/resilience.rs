@@ -1,6 +1,7 @@
 //! Keeping a failing backend from taking clients down with it: a per-backend circuit breaker,
-//! a retry budget for idempotent methods and a concurrency limit. (The active probe that feeds
-//! the breaker is part of the one health system, `health`.)
+//! a retry budget for idempotent methods and a concurrency limit; and the pause before a
+//! stream a backend ended is reopened ([`Reconnect`]). (The active probe that feeds the breaker
+//! is part of the one health system, `health`.)
 //!
 //! Owns: the breaker state machine (closed → open after `breaker_failures` consecutive failures
 //! → after `breaker_open_ms` one probe request (half-open) → closed on success, open again on
@@ -220,6 +221,44 @@ pub fn is_backend_failure(e: &GatewayError) -> bool {
     )
 }
 
+/// The pause before reopening a stream a backend ended (a legacy client's listens, `portico
+/// stdio`'s GET stream): `first`, doubled after every wait up to `max` — so a stream that keeps
+/// ending right after it opens is reopened ever more slowly, as is one that cannot be reopened
+/// — and back to `first` once a stream lasted `max`.
+pub struct Reconnect {
+    first: Duration,
+    max: Duration,
+    pause: Duration,
+    /// When the stream was last opened, while it is (`None` once reopening began).
+    opened: Option<Instant>,
+}
+
+impl Reconnect {
+    /// For a stream opened now.
+    pub fn new(first: Duration, max: Duration) -> Reconnect {
+        Reconnect {
+            first,
+            max,
+            pause: first,
+            opened: Some(Instant::now()),
+        }
+    }
+
+    /// Waits before the next attempt to reopen.
+    pub async fn wait(&mut self) {
+        if self.opened.take().is_some_and(|t| t.elapsed() >= self.max) {
+            self.pause = self.first;
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(self.max);
+    }
+
+    /// The stream is open again.
+    pub fn opened(&mut self) {
+        self.opened = Some(Instant::now());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +294,34 @@ mod tests {
         r.record(true);
         assert_eq!(r.state(), BreakerState::Closed);
         assert!(r.admit("a").is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconnect_pauses_double_and_start_over_after_a_long_stream() {
+        let (first, max) = (Duration::from_millis(250), Duration::from_secs(2));
+        let mut r = Reconnect::new(first, max);
+        let mut waited = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            r.wait().await;
+            waited.push(t.elapsed().as_millis());
+        }
+        assert_eq!(
+            waited,
+            [250, 500, 1000, 2000, 2000],
+            "doubling while reopening fails"
+        );
+        // Reopened, and ended at once: the pause goes on growing (already at its bound).
+        r.opened();
+        let t = Instant::now();
+        r.wait().await;
+        assert_eq!(t.elapsed(), max);
+        // Reopened, and it lasted `max`: the first pause again.
+        r.opened();
+        tokio::time::sleep(max).await;
+        let t = Instant::now();
+        r.wait().await;
+        assert_eq!(t.elapsed(), first);
     }
 
     #[test]

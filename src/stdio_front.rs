@@ -56,6 +56,7 @@ use crate::error::GatewayError;
 use crate::frontend;
 use crate::metrics::Metrics;
 use crate::protocol::{self, EnvelopeError, Kind, LATEST_VERSION, RequestId, header as h};
+use crate::resilience::Reconnect;
 use crate::state::{StartError, State};
 use crate::upstream::http::is_event_stream;
 use crate::upstream::stdio::{Line, LineReader};
@@ -68,8 +69,9 @@ pub const STDIO_SESSION_TTL_MS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
 const OUT_QUEUE: usize = 256;
 /// Largest single answer message relayed as one line.
 const MAX_ANSWER_BYTES: usize = crate::sse::DEFAULT_MAX_EVENT_BYTES;
-/// The first wait before a session's ended GET stream is reopened; doubled after each failed
-/// reopen, up to [`NOTES_REOPEN_MAX`], and back to this after a stream that lasted that long.
+/// The first wait before a session's ended GET stream is reopened ([`Reconnect`]: doubled
+/// after each wait, up to [`NOTES_REOPEN_MAX`], and back to this after a stream that lasted
+/// that long).
 const NOTES_REOPEN_MIN: Duration = Duration::from_millis(250);
 const NOTES_REOPEN_MAX: Duration = Duration::from_secs(30);
 /// Requests handled at once; past this, stdin is not read until one finishes (backpressure on a
@@ -759,27 +761,26 @@ impl NotesLink {
 }
 
 /// A session's GET stream: each message for the client a line. When the stream ends it is
-/// reopened after a pause (doubling while reopening fails), as an HTTP client reconnects; it
+/// reopened after a pause ([`Reconnect`]), as an HTTP client reconnects; it
 /// stops for good when stdout is gone or the session is (404).
 async fn relay_notes(link: NotesLink, first: Body, out: mpsc::Sender<Bytes>) {
     let mut body = first;
-    let mut pause = NOTES_REOPEN_MIN;
+    let mut reconnect = Reconnect::new(NOTES_REOPEN_MIN, NOTES_REOPEN_MAX);
     loop {
-        let opened = tokio::time::Instant::now();
         relay_stream(body, &out).await;
         if out.is_closed() {
             return;
         }
-        if opened.elapsed() >= NOTES_REOPEN_MAX {
-            pause = NOTES_REOPEN_MIN;
-        }
         body = loop {
-            tokio::time::sleep(pause).await;
+            reconnect.wait().await;
             if out.is_closed() {
                 return;
             }
             match link.open().await {
-                Ok(b) => break b,
+                Ok(b) => {
+                    reconnect.opened();
+                    break b;
+                }
                 Err(http::StatusCode::NOT_FOUND) => {
                     tracing::info!("the session ended; its notification stream is not reopened");
                     return;
@@ -789,7 +790,6 @@ async fn relay_notes(link: NotesLink, first: Body, out: mpsc::Sender<Bytes>) {
                         status = status.as_u16(),
                         "the session's notification stream could not be reopened yet"
                     );
-                    pause = (pause * 2).min(NOTES_REOPEN_MAX);
                 }
             }
         };

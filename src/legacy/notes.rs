@@ -48,6 +48,7 @@ use crate::error::GatewayError;
 use crate::metrics::ListenStream;
 use crate::protocol::{self, RequestId, log_rank, meta};
 use crate::relay;
+use crate::resilience::Reconnect;
 use crate::router::{Route, dispatch};
 use crate::step::clients::{Client, Feed, MAX_SUBSCRIPTIONS};
 use crate::step::{Core, RequestCtx};
@@ -149,8 +150,6 @@ pub(super) async fn get_stream(
         feed,
         renewal,
         client,
-        pause: RENEW_FIRST_PAUSE,
-        since: Instant::now(),
         agreed: Vec::new(),
         renewed: false,
         idle: false,
@@ -186,9 +185,6 @@ struct Changes {
     feed: Option<Listen>,
     renewal: Renewal,
     client: Arc<Client>,
-    pause: Duration,
-    /// When the current listen was opened.
-    since: Instant,
     /// The `list_changed` methods the current listen agreed to (its acknowledgement's kinds).
     agreed: Vec<&'static str>,
     /// The current listen replaced one that ended: its acknowledgement is followed by the
@@ -232,10 +228,9 @@ impl Changes {
                     }
                     continue;
                 }
-                match st.renewal.reopen(&mut st.pause).await {
+                match st.renewal.reopen().await {
                     Reopened::Listen(feed) => {
                         st.feed = Some(feed);
-                        st.since = Instant::now();
                         st.renewed = true;
                     }
                     Reopened::Refused => st.idle = true,
@@ -253,11 +248,6 @@ impl Changes {
             return;
         }
         self.agreed.clear();
-        // A listen that lived long was a healthy one: renewed at once; one that keeps ending
-        // quickly ever more slowly.
-        if self.since.elapsed() > RENEW_MAX_PAUSE {
-            self.pause = RENEW_FIRST_PAUSE;
-        }
     }
 
     /// One upstream message as the client gets it, if it gets it.
@@ -411,10 +401,9 @@ async fn open_subscription(
     Ok(feed)
 }
 
-/// The first pause before a subscription whose upstream listen ended is renewed; it doubles
-/// while renewing fails (or the renewed listen ends again within [`RENEW_MAX_PAUSE`]).
+/// The first pause before a listen held for a legacy client is opened again ([`Reconnect`]).
 const RENEW_FIRST_PAUSE: Duration = Duration::from_millis(250);
-/// The longest pause between two renewals of one subscription.
+/// The longest pause between two reopenings.
 const RENEW_MAX_PAUSE: Duration = Duration::from_secs(30);
 
 /// What a listen held for a legacy client needs to be opened again, outside any request: a
@@ -435,6 +424,7 @@ struct Renewal {
     /// renewing.
     revocation: [u8; 32],
     want: Want,
+    reconnect: Reconnect,
 }
 
 /// What a listen held for a legacy client is for.
@@ -476,6 +466,7 @@ impl Renewal {
             session: session.clone(),
             revocation,
             want,
+            reconnect: Reconnect::new(RENEW_FIRST_PAUSE, RENEW_MAX_PAUSE),
         }
     }
 
@@ -494,12 +485,11 @@ impl Renewal {
         }
     }
 
-    /// Opens the listen again after a pause, retrying with a doubling pause while the session
-    /// and its generation live.
-    async fn reopen(&self, pause: &mut Duration) -> Reopened {
+    /// Opens the listen again after a pause ([`Reconnect`]), retrying while the session and
+    /// its generation live.
+    async fn reopen(&mut self) -> Reopened {
         loop {
-            tokio::time::sleep(*pause).await;
-            *pause = (*pause * 2).min(RENEW_MAX_PAUSE);
+            self.reconnect.wait().await;
             let Some(core) = self.generation.upgrade() else {
                 return Reopened::Gone;
             };
@@ -527,7 +517,10 @@ impl Renewal {
                 }
             }
             match self.open(&core, &mut ctx).await {
-                Ok(feed) => return Reopened::Listen(feed),
+                Ok(feed) => {
+                    self.reconnect.opened();
+                    return Reopened::Listen(feed);
+                }
                 Err(GatewayError::MethodNotFound(why)) => {
                     tracing::info!(route = %self.route.name(), %why, "a legacy client's listen not renewed");
                     return Reopened::Refused;
@@ -547,14 +540,13 @@ async fn relay_subscription(
     mut feed: Listen,
     mut open: ListenStream,
     client: Arc<Client>,
-    renewal: Renewal,
+    mut renewal: Renewal,
 ) {
     let Want::Resource(uri) = &renewal.want else {
         return;
     };
-    let mut pause = RENEW_FIRST_PAUSE;
+    let uri = uri.clone();
     loop {
-        let since = Instant::now();
         while let Some(Ok(m)) = feed.next().await {
             if let Some((method, v)) = plain(&m)
                 && method == "notifications/resources/updated"
@@ -563,12 +555,7 @@ async fn relay_subscription(
             }
         }
         drop(open);
-        // A listen that lived long was a healthy one: renew it at once; one that keeps ending
-        // quickly is renewed ever more slowly.
-        if since.elapsed() > RENEW_MAX_PAUSE {
-            pause = RENEW_FIRST_PAUSE;
-        }
-        let Reopened::Listen(renewed) = renewal.reopen(&mut pause).await else {
+        let Reopened::Listen(renewed) = renewal.reopen().await else {
             break;
         };
         let Some(core) = renewal.generation.upgrade() else {
@@ -585,7 +572,7 @@ async fn relay_subscription(
         .subscriptions
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(uri);
+        .remove(&uri);
 }
 
 /// `logging/setLevel`: kept for the client, and set in its upstream sessions on
