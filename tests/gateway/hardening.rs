@@ -501,11 +501,20 @@ async fn a_client_that_stops_reading_is_closed() {
     async fn unread<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, request: &str, full: usize) {
         s.write_all(request.as_bytes()).await.unwrap();
         s.flush().await.unwrap();
-        // Not reading for well past the bound (0.5 s + 24 MiB at 1 GB/s).
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let got = closed_within(&mut s, Duration::from_secs(20))
+        // The answer has begun (on a busy machine the 24 MiB may take seconds to come back
+        // from the backend, and a pause before then would not be one)...
+        let mut got = vec![0u8; 12];
+        tokio::time::timeout(Duration::from_secs(30), s.read_exact(&mut got))
             .await
-            .expect("portico closed the connection");
+            .expect("the answer begins")
+            .unwrap();
+        // ...then no reading for well past the bound (0.5 s + 24 MiB at 1 GB/s).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        got.extend(
+            closed_within(&mut s, Duration::from_secs(20))
+                .await
+                .expect("portico closed the connection"),
+        );
         assert!(
             got.starts_with(b"HTTP/1.1 200"),
             "{:?}",
