@@ -255,10 +255,12 @@ pub struct BridgeState {
     /// the cache watcher), for whoever else needs them: aggregated `subscriptions/listen`.
     /// One GET stream per session serves both (servers may allow only one).
     pub(crate) notes: tokio::sync::broadcast::Sender<Bytes>,
-    /// Whether the server refused a session's GET stream (HTTP 405, the spec's way to offer
-    /// none): learned on the first refusal, after which list changes and resource updates —
-    /// which only that stream carries — are no longer advertised (`bridge::delivered`).
-    pub(crate) no_get_stream: AtomicBool,
+    /// What an HTTP server said of its sessions' GET stream ([`GetStream`]): asked before the
+    /// first `server/discover` is answered (`bridge::listen::learn_channel`) and learned again
+    /// from every GET portico opens; once refused (HTTP 405, the spec's way to offer none),
+    /// list changes and resource updates — which only that stream carries — are not
+    /// advertised (`bridge::delivered`).
+    get_stream: AtomicU8,
     /// Calls parked for a 2026-07-28 client's answers (`bridge::input`), now.
     pub parked: AtomicU64,
     /// Parked calls whose hold ran out.
@@ -267,6 +269,18 @@ pub struct BridgeState {
     /// shared by every later session given the same one, so that ten thousand sessions of one
     /// server hold one copy of it rather than one each (README, "Scale").
     last_init: Mutex<Option<InitResult>>,
+}
+
+/// What a server said when asked for a session's GET stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum GetStream {
+    /// Not asked yet, or no answer said either way (an error, a lost session, a timeout).
+    Unknown = 0,
+    /// It served one (or refused a second one with 409: it has one).
+    Offered = 1,
+    /// HTTP 405: it offers none.
+    Refused = 2,
 }
 
 /// A server's `InitializeResult` and its `serverInfo` ([`ServerInfo::of`]), shared by the
@@ -278,6 +292,22 @@ pub struct InitResult {
 }
 
 impl BridgeState {
+    /// What the server said of its GET stream so far.
+    pub fn get_stream(&self) -> GetStream {
+        match self.get_stream.load(Ordering::Relaxed) {
+            1 => GetStream::Offered,
+            2 => GetStream::Refused,
+            _ => GetStream::Unknown,
+        }
+    }
+
+    /// Records what the server said when asked for a GET stream (`Unknown` changes nothing).
+    pub fn learn_get_stream(&self, said: GetStream) {
+        if said != GetStream::Unknown {
+            self.get_stream.store(said as u8, Ordering::Relaxed);
+        }
+    }
+
     pub fn new(cfg: &BackendConfig) -> BridgeState {
         BridgeState {
             probe_lock: Default::default(),
@@ -290,7 +320,7 @@ impl BridgeState {
             reaper: AtomicBool::new(false),
             next_id: Default::default(),
             notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
-            no_get_stream: AtomicBool::new(false),
+            get_stream: AtomicU8::new(GetStream::Unknown as u8),
             parked: AtomicU64::new(0),
             parked_expired: AtomicU64::new(0),
             last_init: Mutex::new(None),

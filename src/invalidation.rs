@@ -23,13 +23,12 @@ use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::{Backend, Verdict};
+use crate::backend::{Backend, GetStream, Verdict};
 use crate::bridge;
 use crate::cache::Cache;
 use crate::protocol::{LATEST_VERSION, header as h};
@@ -279,6 +278,7 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
     };
     match reply.messages {
         MessageStream::Many(stream) if reply.status.is_success() => {
+            backend.bridge.learn_get_stream(GetStream::Offered);
             if !first {
                 cache.purge_backend(&backend.name);
             }
@@ -286,7 +286,7 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
         }
         _ if reply.status == http::StatusCode::METHOD_NOT_ALLOWED => {
             // Learned for the bridge too: nothing advertises what this stream would carry.
-            backend.bridge.no_get_stream.store(true, Ordering::Relaxed);
+            backend.bridge.learn_get_stream(GetStream::Refused);
             Ended::Unsupported("the legacy server offers no GET stream (405)".into())
         }
         _ => Ended::Failed(format!("GET stream answered HTTP {}", reply.status)),

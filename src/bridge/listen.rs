@@ -38,7 +38,7 @@ use super::session::{
     stream_request,
 };
 use super::{Bridged, collect, send_raw, upstream_err};
-use crate::backend::{Backend, LegacySession, SessionStream};
+use crate::backend::{Backend, GetStream, LegacySession, SessionStream};
 use crate::error::GatewayError;
 use crate::metrics::ListenStream;
 use crate::protocol::{LOG_LEVELS, RequestId, log_rank, meta};
@@ -203,11 +203,47 @@ pub(super) async fn listen(
 
 /// Whether `b`'s sessions have a channel for what the server says unasked. Over HTTP that is
 /// the session's GET stream, which a server that answered it 405 does not offer
-/// (`BridgeState::no_get_stream`; stateless servers usually answer so). A stateless server is
+/// (`BridgeState::get_stream`; stateless servers usually answer so). A stateless server is
 /// not ruled out before that: one that keeps a single transport can serve a GET stream
-/// without sessions.
+/// without sessions. [`learn_channel`] asks before a `server/discover` is answered.
 pub(super) fn has_channel(b: &Backend) -> bool {
-    !matches!(b.transport(), Upstream::Http(_)) || !b.bridge.no_get_stream.load(Ordering::Relaxed)
+    !matches!(b.transport(), Upstream::Http(_)) || b.bridge.get_stream() != GetStream::Refused
+}
+
+/// Asks an HTTP server, once it is known to nobody, whether its sessions have a GET stream:
+/// a GET in `s`, let go of as soon as it is answered. Called before `server/discover` is
+/// answered (a legacy client's `initialize` is answered from it too), so that the first
+/// advertisement does not promise list changes or resource updates that no stream would
+/// carry (advertised = delivered). Bounded like portico's other exchanges in a session; an
+/// answer that says neither (an error, a lost session, a timeout) leaves it unknown, for the
+/// next listen or discover to learn.
+pub(super) async fn learn_channel(b: &Backend, s: &LegacySession) {
+    let Upstream::Http(up) = b.transport() else {
+        return;
+    };
+    if b.bridge.get_stream() != GetStream::Unknown {
+        return;
+    }
+    // A stream held open in the session says it all (and a second GET might be refused).
+    if s.stream.lock().await.upgrade().is_some() {
+        b.bridge.learn_get_stream(GetStream::Offered);
+        return;
+    }
+    let deadline = Instant::now() + SMALL_EXCHANGE.min(b.timeout);
+    let said = match up.call(stream_request(up, s), deadline).await {
+        Ok(reply) => match reply.status {
+            // Dropping the reply closes the stream (and its connection) at once.
+            s if s.is_success() || s == StatusCode::CONFLICT => GetStream::Offered,
+            StatusCode::METHOD_NOT_ALLOWED => GetStream::Refused,
+            _ => GetStream::Unknown,
+        },
+        Err(e) => {
+            tracing::debug!(backend = %b.name, error = %upstream_err(b, &e), "asking for the GET stream failed");
+            GetStream::Unknown
+        }
+    };
+    tracing::debug!(backend = %b.name, ?said, "the server's GET stream");
+    b.bridge.learn_get_stream(said);
 }
 
 /// The acknowledgement of what was agreed, and the result that ends the listen.
@@ -346,9 +382,12 @@ async fn session_stream(
         .await
         .map_err(|e| upstream_err(b, &e))?;
     let mut messages = match reply.messages {
-        MessageStream::Many(m) if reply.status.is_success() => m,
+        MessageStream::Many(m) if reply.status.is_success() => {
+            b.bridge.learn_get_stream(GetStream::Offered);
+            m
+        }
         _ if reply.status == StatusCode::METHOD_NOT_ALLOWED => {
-            b.bridge.no_get_stream.store(true, Ordering::Relaxed);
+            b.bridge.learn_get_stream(GetStream::Refused);
             return Ok(Channel::None);
         }
         _ if reply.status == StatusCode::NOT_FOUND && s.id.is_some() => return Ok(Channel::Lost),

@@ -141,6 +141,7 @@ async fn discover(
         Ok((_, s)) => s,
         Err(e) => return on_session_error(b, e).await,
     };
+    listen::learn_channel(b, &s).await;
     let mut result = json!({
         "resultType": "complete",
         "supportedVersions": SUPPORTED_VERSIONS,

@@ -296,6 +296,44 @@ async fn a_server_without_a_get_stream_is_not_promised_what_it_would_carry() {
     }
 }
 
+/// The same server asked before anything has tried its GET stream: the first `server/discover`
+/// (and a legacy client's first `initialize`) already leaves out what nothing would carry,
+/// while a server that does serve the stream keeps them advertised.
+#[tokio::test]
+async fn the_first_discover_already_knows_whether_a_get_stream_exists() {
+    for (stateless, get_stream) in [(true, false), (false, false), (false, true)] {
+        let m = MockMcp::legacy().list_changed().subscribe_and_log();
+        let m = match (stateless, get_stream) {
+            (true, _) => m.stateless().rejects(LegacyRejects::AnswerLegacy),
+            (false, false) => m.no_get_stream(),
+            (false, true) => m,
+        };
+        let m = m.start().await;
+        let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+        let url = gw.url("/mcp/b");
+        let d = mcp(&url, json!(0), "server/discover", json!({}))
+            .await
+            .json()["result"]
+            .clone();
+        let caps = &d["capabilities"];
+        let what = format!("stateless {stateless}, GET stream {get_stream}: {d}");
+        if get_stream {
+            assert_eq!(caps["tools"]["listChanged"], true, "{what}");
+            assert_eq!(caps["resources"]["subscribe"], true, "{what}");
+            // Asking did not leave a stream open upstream.
+            until("the asking GET closed", || async { m.get_streams() == 0 }).await;
+        } else {
+            assert_eq!(caps["tools"], json!({}), "{what}");
+            assert_eq!(caps["resources"], json!({}), "{what}");
+        }
+        let gw2 = Gateway::start(&config(&http_backend(&m.url()))).await;
+        let (_, init) = OldClient::connect(&gw2.url("/mcp/b"), "2025-11-25").await;
+        assert_eq!(init["capabilities"], d["capabilities"], "{what}: {init}");
+        gw2.stop().await;
+        gw.stop().await;
+    }
+}
+
 /// Over stdio, both eras: the child's notifications (modern: tagged with the id portico gave
 /// the listen request) reach the client with its own id; leaving cancels the child's listen.
 #[tokio::test]
