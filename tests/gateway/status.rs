@@ -624,7 +624,8 @@ async fn status_page_renders_in_headless_chromium() {
         problems.join("\n")
     );
 
-    let shot = target_dir().join("status-page.png");
+    // Named per test process: two suites sharing a target directory must not take each other's.
+    let shot = target_dir().join(format!("status-page-{}.png", std::process::id()));
     let _ = std::fs::remove_file(&shot);
     std::fs::create_dir_all(target_dir()).unwrap();
     let run = run_chromium(
@@ -656,5 +657,6 @@ async fn status_page_renders_in_headless_chromium() {
         "a real page, not a blank: {} bytes",
         png.len()
     );
+    let _ = std::fs::remove_file(&shot);
     gw.stop().await;
 }
