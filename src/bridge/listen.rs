@@ -49,6 +49,13 @@ use crate::upstream::{MessageStream, Reply, Upstream, UpstreamError};
 pub const LISTEN_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 /// Resource URIs one listen request may subscribe to.
 const MAX_URIS: usize = 256;
+/// A session's GET answered 409 — a server that allows one stream per session, still holding
+/// the one portico let go of a moment ago (the last listener's, or [`learn_channel`]'s
+/// question) — is asked again this many times, after `CONFLICT_PAUSE`, then twice that, and
+/// so on (0.75 s in all); then the 409 fails the listen as any other status does.
+const CONFLICT_RETRIES: u32 = 4;
+const CONFLICT_PAUSE: Duration = Duration::from_millis(50);
+
 /// Bound of one `resources/subscribe`, `unsubscribe` or `logging/setLevel` exchange.
 const SMALL_EXCHANGE: Duration = Duration::from_secs(10);
 
@@ -376,11 +383,19 @@ async fn session_stream(
     if let Some(st) = held.upgrade() {
         return Ok(Channel::Open(st));
     }
-    let req = stream_request(up, s);
-    let reply = up
-        .call(req, Instant::now() + LISTEN_LIFETIME)
-        .await
-        .map_err(|e| upstream_err(b, &e))?;
+    let mut conflicts = 0;
+    let reply = loop {
+        let reply = up
+            .call(stream_request(up, s), Instant::now() + LISTEN_LIFETIME)
+            .await
+            .map_err(|e| upstream_err(b, &e))?;
+        if reply.status != StatusCode::CONFLICT || conflicts == CONFLICT_RETRIES {
+            break reply;
+        }
+        // The server still holds the stream portico let go of a moment ago.
+        tokio::time::sleep(CONFLICT_PAUSE * (1 << conflicts)).await;
+        conflicts += 1;
+    };
     let mut messages = match reply.messages {
         MessageStream::Many(m) if reply.status.is_success() => {
             b.bridge.learn_get_stream(GetStream::Offered);

@@ -334,6 +334,30 @@ async fn the_first_discover_already_knows_whether_a_get_stream_exists() {
     }
 }
 
+/// A server that allows one GET stream per session answers 409 while it still holds the one
+/// portico has just let go of (the discover's question, a listener that left): the listen is
+/// served once the server has let go too, not failed with 502.
+#[tokio::test]
+async fn a_get_refused_409_for_a_moment_is_asked_again() {
+    let m = MockMcp::legacy().list_changed().start().await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    m.conflict_gets(3);
+    let filter = json!({"toolsListChanged": true});
+    let (status, mut l) = Listen::open(&url, json!("l"), filter.clone()).await;
+    assert_eq!(status, 200);
+    let ack = l
+        .read_until("notifications/subscriptions/acknowledged")
+        .await;
+    assert_eq!(ack[0]["params"]["notifications"], filter, "{ack:?}");
+    until("the GET stream", || async { m.get_streams() == 1 }).await;
+    m.add_tool("late");
+    let notes = l.read_until("notifications/tools/list_changed").await;
+    assert_eq!(count(&notes, "notifications/tools/list_changed"), 1);
+    drop(l);
+    gw.stop().await;
+}
+
 /// Over stdio, both eras: the child's notifications (modern: tagged with the id portico gave
 /// the listen request) reach the client with its own id; leaving cancels the child's listen.
 #[tokio::test]

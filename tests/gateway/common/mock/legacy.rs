@@ -27,6 +27,13 @@ pub(super) async fn legacy(
         if !known {
             return empty(StatusCode::NOT_FOUND);
         }
+        let conflict = state
+            .get_conflicts
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if conflict {
+            return empty(StatusCode::CONFLICT);
+        }
         let (tx, rx) = mpsc::channel::<Bytes>(16);
         state
             .get_streams

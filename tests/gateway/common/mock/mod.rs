@@ -112,6 +112,9 @@ pub struct MockState {
     listeners: Mutex<Vec<(Vec<String>, mpsc::Sender<Bytes>)>>,
     /// Legacy: open standalone GET SSE streams (where session-wide notifications go), by session.
     get_streams: Mutex<Vec<(String, mpsc::Sender<Bytes>)>>,
+    /// Legacy: how many more GETs to answer 409, as a server that allows one stream per session
+    /// does while it still holds the one its client has just let go of (`conflict_gets`).
+    pub get_conflicts: AtomicU64,
     /// Legacy: resource URIs subscribed (`resources/subscribe`), by session.
     pub subscribed: Mutex<HashMap<String, HashSet<String>>>,
     /// Legacy: the level `logging/setLevel` set, by session.
@@ -280,6 +283,7 @@ impl MockMcp {
             subscribed: Mutex::new(HashMap::new()),
             levels: Mutex::new(HashMap::new()),
             get_streams: Mutex::new(Vec::new()),
+            get_conflicts: AtomicU64::new(0),
             deletes: AtomicU64::new(0),
             deleted: Mutex::new(Vec::new()),
             inits: Mutex::new(HashMap::new()),
@@ -333,6 +337,11 @@ impl MockHandle {
 
     pub fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
+    }
+
+    /// Answers the next `n` GETs of a session's stream with 409 Conflict.
+    pub fn conflict_gets(&self, n: u64) {
+        self.state.get_conflicts.store(n, Ordering::Relaxed);
     }
 
     /// Forget every legacy session (as a restarted server would).
