@@ -240,7 +240,7 @@ pub(super) async fn learn_channel(b: &Backend, s: &LegacySession) {
     let said = match up.call(stream_request(up, s), deadline).await {
         Ok(reply) => match reply.status {
             // Dropping the reply closes the stream (and its connection) at once.
-            s if s.is_success() || s == StatusCode::CONFLICT => GetStream::Offered,
+            status if status.is_success() || status == StatusCode::CONFLICT => GetStream::Offered,
             StatusCode::METHOD_NOT_ALLOWED => GetStream::Refused,
             _ => GetStream::Unknown,
         },
