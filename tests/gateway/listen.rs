@@ -283,10 +283,7 @@ async fn a_server_without_a_get_stream_is_not_promised_what_it_would_carry() {
         assert_eq!(msgs[1]["id"], "L");
         assert_eq!(msgs[1]["result"]["resultType"], "complete", "{msgs:?}");
         assert_eq!(m.count("resources/subscribe"), 0, "nothing would carry it");
-        let d = mcp(&url, json!(0), "server/discover", json!({}))
-            .await
-            .json()["result"]
-            .clone();
+        let d = discover(&url).await;
         let caps = &d["capabilities"];
         assert_eq!(caps["tools"], json!({}), "stateless {stateless}: {d}");
         assert_eq!(caps["resources"], json!({}), "stateless {stateless}: {d}");
@@ -311,10 +308,7 @@ async fn the_first_discover_already_knows_whether_a_get_stream_exists() {
         let m = m.start().await;
         let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
         let url = gw.url("/mcp/b");
-        let d = mcp(&url, json!(0), "server/discover", json!({}))
-            .await
-            .json()["result"]
-            .clone();
+        let d = discover(&url).await;
         let caps = &d["capabilities"];
         let what = format!("stateless {stateless}, GET stream {get_stream}: {d}");
         if get_stream {
@@ -341,20 +335,8 @@ async fn the_first_discover_already_knows_whether_a_get_stream_exists() {
 async fn a_get_refused_409_for_a_moment_is_asked_again() {
     let m = MockMcp::legacy().list_changed().start().await;
     let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
-    let url = gw.url("/mcp/b");
     m.conflict_gets(3);
-    let filter = json!({"toolsListChanged": true});
-    let (status, mut l) = Listen::open(&url, json!("l"), filter.clone()).await;
-    assert_eq!(status, 200);
-    let ack = l
-        .read_until("notifications/subscriptions/acknowledged")
-        .await;
-    assert_eq!(ack[0]["params"]["notifications"], filter, "{ack:?}");
-    until("the GET stream", || async { m.get_streams() == 1 }).await;
-    m.add_tool("late");
-    let notes = l.read_until("notifications/tools/list_changed").await;
-    assert_eq!(count(&notes, "notifications/tools/list_changed"), 1);
-    drop(l);
+    drop(hears_tool_changes(&gw.url("/mcp/b"), &m, "l").await);
     gw.stop().await;
 }
 
@@ -760,19 +742,35 @@ async fn a_listen_after_a_legacy_backend_restart_opens_a_new_session() {
             .any(|m| m["id"] == "l1" && m.get("result").is_some()),
         "the listen ends with its session's stream: {ended:?}"
     );
-    let (status, mut second) = Listen::open(&url, json!("l2"), filter.clone()).await;
+    let second = hears_tool_changes(&url, &m, "l2").await;
+    assert_eq!(m.count("initialize"), 2, "a new upstream session");
+    drop(second);
+    gw.stop().await;
+}
+
+/// A tools-list-changed listen (`id`) on an initialize-era backend `m` behind `url`: opened,
+/// acknowledged with what it asked for, on one GET stream upstream, and hearing a change.
+async fn hears_tool_changes(url: &str, m: &crate::common::mock::MockHandle, id: &str) -> Listen {
+    let filter = json!({"toolsListChanged": true});
+    let (status, mut l) = Listen::open(url, json!(id), filter.clone()).await;
     assert_eq!(status, 200);
-    let ack = second
+    let ack = l
         .read_until("notifications/subscriptions/acknowledged")
         .await;
     assert_eq!(ack[0]["params"]["notifications"], filter, "{ack:?}");
-    assert_eq!(m.count("initialize"), 2, "a new upstream session");
     until("its GET stream", || async { m.get_streams() == 1 }).await;
-    m.add_tool("late");
-    let notes = second.read_until("notifications/tools/list_changed").await;
+    m.add_tool(&format!("late-{id}"));
+    let notes = l.read_until("notifications/tools/list_changed").await;
     assert_eq!(count(&notes, "notifications/tools/list_changed"), 1);
-    drop(second);
-    gw.stop().await;
+    l
+}
+
+/// The result of a `server/discover` at `url`.
+async fn discover(url: &str) -> Value {
+    mcp(url, json!(0), "server/discover", json!({}))
+        .await
+        .json()["result"]
+        .clone()
 }
 
 /// The `data` of the log lines in an answer.
@@ -825,10 +823,7 @@ async fn every_advertised_capability_is_delivered() {
         .await;
     let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
     let url = gw.url("/mcp/b");
-    let d = mcp(&url, json!(0), "server/discover", json!({}))
-        .await
-        .json()["result"]
-        .clone();
+    let d = discover(&url).await;
     let caps = d["capabilities"].as_object().unwrap().clone();
     assert!(
         caps.get("tasks").is_none(),
