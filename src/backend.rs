@@ -275,12 +275,15 @@ pub struct BridgeState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum GetStream {
-    /// Not asked yet, or no answer said either way (an error, a lost session, a timeout).
+    /// Not asked yet, or the question never reached it (a connection error, a timeout).
     Unknown = 0,
     /// It served one (or refused a second one with 409: it has one).
     Offered = 1,
     /// HTTP 405: it offers none.
     Refused = 2,
+    /// It answered neither (another status): not asked again, and — as before anything was
+    /// known — not held against it; a later GET that is served or refused 405 settles it.
+    Unclear = 3,
 }
 
 /// A server's `InitializeResult` and its `serverInfo` ([`ServerInfo::of`]), shared by the
@@ -297,14 +300,27 @@ impl BridgeState {
         match self.get_stream.load(Ordering::Relaxed) {
             1 => GetStream::Offered,
             2 => GetStream::Refused,
+            3 => GetStream::Unclear,
             _ => GetStream::Unknown,
         }
     }
 
-    /// Records what the server said when asked for a GET stream (`Unknown` changes nothing).
+    /// Records what the server said when asked for a GET stream: `Offered` and `Refused`
+    /// always (the latest answer holds), `Unclear` only over `Unknown`, `Unknown` never.
     pub fn learn_get_stream(&self, said: GetStream) {
-        if said != GetStream::Unknown {
-            self.get_stream.store(said as u8, Ordering::Relaxed);
+        match said {
+            GetStream::Unknown => {}
+            GetStream::Unclear => {
+                let _ = self.get_stream.compare_exchange(
+                    GetStream::Unknown as u8,
+                    said as u8,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                );
+            }
+            GetStream::Offered | GetStream::Refused => {
+                self.get_stream.store(said as u8, Ordering::Relaxed)
+            }
         }
     }
 
@@ -472,6 +488,28 @@ mod tests {
         )
         .expect("valid");
         Backend::build(&cfg.backends[0]).expect("backend")
+    }
+
+    /// What a server said of its GET stream: the latest clear answer holds; an unclear one
+    /// only marks that it was asked (so it is not asked on every discover), and never
+    /// overrides a clear one; a question that never arrived changes nothing.
+    #[test]
+    fn the_latest_clear_answer_about_the_get_stream_holds() {
+        let b = demo();
+        let s = &b.bridge;
+        assert_eq!(s.get_stream(), GetStream::Unknown);
+        s.learn_get_stream(GetStream::Unknown);
+        assert_eq!(s.get_stream(), GetStream::Unknown);
+        s.learn_get_stream(GetStream::Unclear);
+        assert_eq!(s.get_stream(), GetStream::Unclear);
+        s.learn_get_stream(GetStream::Refused);
+        assert_eq!(s.get_stream(), GetStream::Refused);
+        s.learn_get_stream(GetStream::Unclear);
+        assert_eq!(s.get_stream(), GetStream::Refused);
+        s.learn_get_stream(GetStream::Offered);
+        assert_eq!(s.get_stream(), GetStream::Offered);
+        s.learn_get_stream(GetStream::Unknown);
+        assert_eq!(s.get_stream(), GetStream::Offered);
     }
 
     /// Sessions answered with the same `InitializeResult` share one copy of it and of its

@@ -221,9 +221,9 @@ pub(super) fn has_channel(b: &Backend) -> bool {
 /// a GET in `s`, let go of as soon as it is answered. Called before `server/discover` is
 /// answered (a legacy client's `initialize` is answered from it too), so that the first
 /// advertisement does not promise list changes or resource updates that no stream would
-/// carry (advertised = delivered). Bounded like portico's other exchanges in a session; an
-/// answer that says neither (an error, a lost session, a timeout) leaves it unknown, for the
-/// next listen or discover to learn.
+/// carry (advertised = delivered). Bounded like portico's other exchanges in a session; a
+/// question that did not reach the server (a connection error, a timeout) is asked again by
+/// the next discover, an answer that says neither (any other status) is not.
 pub(super) async fn learn_channel(b: &Backend, s: &LegacySession) {
     let Upstream::Http(up) = b.transport() else {
         return;
@@ -242,7 +242,7 @@ pub(super) async fn learn_channel(b: &Backend, s: &LegacySession) {
             // Dropping the reply closes the stream (and its connection) at once.
             status if status.is_success() || status == StatusCode::CONFLICT => GetStream::Offered,
             StatusCode::METHOD_NOT_ALLOWED => GetStream::Refused,
-            _ => GetStream::Unknown,
+            _ => GetStream::Unclear,
         },
         Err(e) => {
             tracing::debug!(backend = %b.name, error = %upstream_err(b, &e), "asking for the GET stream failed");

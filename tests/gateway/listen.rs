@@ -326,6 +326,18 @@ async fn the_first_discover_already_knows_whether_a_get_stream_exists() {
         gw2.stop().await;
         gw.stop().await;
     }
+    // A server whose answer says neither (400 here) is asked once, not on every discover, and
+    // keeps what it advertises.
+    let m = MockMcp::legacy().list_changed().start().await;
+    m.refuse_gets(u64::MAX, 400);
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    for _ in 0..3 {
+        let d = discover(&url).await;
+        assert_eq!(d["capabilities"]["tools"]["listChanged"], true, "{d}");
+    }
+    assert_eq!(m.session_gets(), 1);
+    gw.stop().await;
 }
 
 /// A server that allows one GET stream per session answers 409 while it still holds the one
@@ -335,7 +347,7 @@ async fn the_first_discover_already_knows_whether_a_get_stream_exists() {
 async fn a_get_refused_409_for_a_moment_is_asked_again() {
     let m = MockMcp::legacy().list_changed().start().await;
     let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
-    m.conflict_gets(3);
+    m.refuse_gets(3, 409);
     drop(hears_tool_changes(&gw.url("/mcp/b"), &m, "l").await);
     gw.stop().await;
 }

@@ -27,12 +27,18 @@ pub(super) async fn legacy(
         if !known {
             return empty(StatusCode::NOT_FOUND);
         }
-        let conflict = state
-            .get_conflicts
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok();
-        if conflict {
-            return empty(StatusCode::CONFLICT);
+        let refused = {
+            let mut r = state.get_refusals.lock().unwrap();
+            match r.0 {
+                0 => None,
+                n => {
+                    r.0 = n - 1;
+                    Some(r.1)
+                }
+            }
+        };
+        if let Some(status) = refused {
+            return empty(StatusCode::from_u16(status).unwrap());
         }
         let (tx, rx) = mpsc::channel::<Bytes>(16);
         state

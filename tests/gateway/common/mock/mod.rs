@@ -112,9 +112,9 @@ pub struct MockState {
     listeners: Mutex<Vec<(Vec<String>, mpsc::Sender<Bytes>)>>,
     /// Legacy: open standalone GET SSE streams (where session-wide notifications go), by session.
     get_streams: Mutex<Vec<(String, mpsc::Sender<Bytes>)>>,
-    /// Legacy: how many more GETs to answer 409, as a server that allows one stream per session
-    /// does while it still holds the one its client has just let go of (`conflict_gets`).
-    pub get_conflicts: AtomicU64,
+    /// Legacy: how many more GETs of a session's stream to refuse, and with which status
+    /// (`refuse_gets`).
+    pub get_refusals: Mutex<(u64, u16)>,
     /// Legacy: resource URIs subscribed (`resources/subscribe`), by session.
     pub subscribed: Mutex<HashMap<String, HashSet<String>>>,
     /// Legacy: the level `logging/setLevel` set, by session.
@@ -283,7 +283,7 @@ impl MockMcp {
             subscribed: Mutex::new(HashMap::new()),
             levels: Mutex::new(HashMap::new()),
             get_streams: Mutex::new(Vec::new()),
-            get_conflicts: AtomicU64::new(0),
+            get_refusals: Mutex::new((0, 0)),
             deletes: AtomicU64::new(0),
             deleted: Mutex::new(Vec::new()),
             inits: Mutex::new(HashMap::new()),
@@ -339,9 +339,19 @@ impl MockHandle {
         self.state.seen.lock().unwrap().clone()
     }
 
-    /// Answers the next `n` GETs of a session's stream with 409 Conflict.
-    pub fn conflict_gets(&self, n: u64) {
-        self.state.get_conflicts.store(n, Ordering::Relaxed);
+    /// Answers the next `n` GETs of a session's stream with `status` — 409 Conflict as a
+    /// server that allows one stream per session does while it still holds the one its client
+    /// has just let go of.
+    pub fn refuse_gets(&self, n: u64, status: u16) {
+        *self.state.get_refusals.lock().unwrap() = (n, status);
+    }
+
+    /// How many GETs of a session's stream (with its `Mcp-Session-Id`) the mock was sent.
+    pub fn session_gets(&self) -> usize {
+        let seen = self.state.seen.lock().unwrap();
+        seen.iter()
+            .filter(|s| s.method == Method::GET && s.headers.contains_key("mcp-session-id"))
+            .count()
     }
 
     /// Forget every legacy session (as a restarted server would).
