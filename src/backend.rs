@@ -495,21 +495,22 @@ mod tests {
     /// overrides a clear one; a question that never arrived changes nothing.
     #[test]
     fn the_latest_clear_answer_about_the_get_stream_holds() {
+        use GetStream::*;
         let b = demo();
-        let s = &b.bridge;
-        assert_eq!(s.get_stream(), GetStream::Unknown);
-        s.learn_get_stream(GetStream::Unknown);
-        assert_eq!(s.get_stream(), GetStream::Unknown);
-        s.learn_get_stream(GetStream::Unclear);
-        assert_eq!(s.get_stream(), GetStream::Unclear);
-        s.learn_get_stream(GetStream::Refused);
-        assert_eq!(s.get_stream(), GetStream::Refused);
-        s.learn_get_stream(GetStream::Unclear);
-        assert_eq!(s.get_stream(), GetStream::Refused);
-        s.learn_get_stream(GetStream::Offered);
-        assert_eq!(s.get_stream(), GetStream::Offered);
-        s.learn_get_stream(GetStream::Unknown);
-        assert_eq!(s.get_stream(), GetStream::Offered);
+        assert_eq!(b.bridge.get_stream(), Unknown);
+        // (what the server said, what is known after it)
+        let steps = [
+            (Unknown, Unknown),
+            (Unclear, Unclear),
+            (Refused, Refused),
+            (Unclear, Refused),
+            (Offered, Offered),
+            (Unknown, Offered),
+        ];
+        for (said, known) in steps {
+            b.bridge.learn_get_stream(said);
+            assert_eq!(b.bridge.get_stream(), known, "after {said:?}");
+        }
     }
 
     /// Sessions answered with the same `InitializeResult` share one copy of it and of its
