@@ -8,7 +8,7 @@
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue, StatusCode};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -284,6 +284,18 @@ pub enum GetStream {
     /// It answered neither (another status): not asked again, and — as before anything was
     /// known — not held against it; a later GET that is served or refused 405 settles it.
     Unclear = 3,
+}
+
+impl GetStream {
+    /// What the status of an answer to a session's GET says: one place for the bridge's
+    /// question, its listens and the cache watcher.
+    pub fn said(status: StatusCode) -> GetStream {
+        match status {
+            s if s.is_success() || s == StatusCode::CONFLICT => GetStream::Offered,
+            StatusCode::METHOD_NOT_ALLOWED => GetStream::Refused,
+            _ => GetStream::Unclear,
+        }
+    }
 }
 
 /// A server's `InitializeResult` and its `serverInfo` ([`ServerInfo::of`]), shared by the

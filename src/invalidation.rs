@@ -276,17 +276,18 @@ async fn legacy_get(backend: &Arc<Backend>, cache: &Arc<Cache>, first: bool) -> 
         Ok(r) => r,
         Err(e) => return Ended::Failed(e.to_string()),
     };
+    backend
+        .bridge
+        .learn_get_stream(GetStream::said(reply.status));
     match reply.messages {
         MessageStream::Many(stream) if reply.status.is_success() => {
-            backend.bridge.learn_get_stream(GetStream::Offered);
             if !first {
                 cache.purge_backend(&backend.name);
             }
             drain(backend, cache, stream, true).await
         }
         _ if reply.status == http::StatusCode::METHOD_NOT_ALLOWED => {
-            // Learned for the bridge too: nothing advertises what this stream would carry.
-            backend.bridge.learn_get_stream(GetStream::Refused);
+            // Learned for the bridge too (above): nothing advertises what this stream would carry.
             Ended::Unsupported("the legacy server offers no GET stream (405)".into())
         }
         _ => Ended::Failed(format!("GET stream answered HTTP {}", reply.status)),

@@ -238,12 +238,8 @@ pub(super) async fn learn_channel(b: &Backend, s: &LegacySession) {
     }
     let deadline = Instant::now() + SMALL_EXCHANGE.min(b.timeout);
     let said = match up.call(stream_request(up, s), deadline).await {
-        Ok(reply) => match reply.status {
-            // Dropping the reply closes the stream (and its connection) at once.
-            status if status.is_success() || status == StatusCode::CONFLICT => GetStream::Offered,
-            StatusCode::METHOD_NOT_ALLOWED => GetStream::Refused,
-            _ => GetStream::Unclear,
-        },
+        // Dropping the reply closes the stream (and its connection) at once.
+        Ok(reply) => GetStream::said(reply.status),
         Err(e) => {
             tracing::debug!(backend = %b.name, error = %upstream_err(b, &e), "asking for the GET stream failed");
             GetStream::Unknown
@@ -396,15 +392,10 @@ async fn session_stream(
         tokio::time::sleep(CONFLICT_PAUSE * (1 << conflicts)).await;
         conflicts += 1;
     };
+    b.bridge.learn_get_stream(GetStream::said(reply.status));
     let mut messages = match reply.messages {
-        MessageStream::Many(m) if reply.status.is_success() => {
-            b.bridge.learn_get_stream(GetStream::Offered);
-            m
-        }
-        _ if reply.status == StatusCode::METHOD_NOT_ALLOWED => {
-            b.bridge.learn_get_stream(GetStream::Refused);
-            return Ok(Channel::None);
-        }
+        MessageStream::Many(m) if reply.status.is_success() => m,
+        _ if reply.status == StatusCode::METHOD_NOT_ALLOWED => return Ok(Channel::None),
         _ if reply.status == StatusCode::NOT_FOUND && s.id.is_some() => return Ok(Channel::Lost),
         _ => {
             return Err(GatewayError::BackendFailed {
