@@ -261,6 +261,9 @@ pub struct BridgeState {
     /// list changes and resource updates — which only that stream carries — are not
     /// advertised (`bridge::delivered`).
     get_stream: AtomicU8,
+    /// Held while the GET-stream question is asked: discovers that come meanwhile wait for its
+    /// answer instead of each opening a stream of their own.
+    pub(crate) asking_get_stream: tokio::sync::Mutex<()>,
     /// Calls parked for a 2026-07-28 client's answers (`bridge::input`), now.
     pub parked: AtomicU64,
     /// Parked calls whose hold ran out.
@@ -349,6 +352,7 @@ impl BridgeState {
             next_id: Default::default(),
             notes: tokio::sync::broadcast::channel(NOTES_QUEUE).0,
             get_stream: AtomicU8::new(GetStream::Unknown as u8),
+            asking_get_stream: Default::default(),
             parked: AtomicU64::new(0),
             parked_expired: AtomicU64::new(0),
             last_init: Mutex::new(None),

@@ -231,6 +231,13 @@ pub(super) async fn learn_channel(b: &Backend, s: &LegacySession) {
     if b.bridge.get_stream() != GetStream::Unknown {
         return;
     }
+    // One question at a time: a discover that comes while it is asked (many clients at
+    // startup) waits for that answer, bounded by its deadline, and asks nothing itself; if the
+    // question did not reach the server, the next discover asks again.
+    let Ok(_asking) = b.bridge.asking_get_stream.try_lock() else {
+        drop(b.bridge.asking_get_stream.lock().await);
+        return;
+    };
     // A stream held open in the session says it all (and a second GET might be refused).
     if s.stream.lock().await.upgrade().is_some() {
         b.bridge.learn_get_stream(GetStream::Offered);

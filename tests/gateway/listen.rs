@@ -340,6 +340,34 @@ async fn the_first_discover_already_knows_whether_a_get_stream_exists() {
     gw.stop().await;
 }
 
+/// Many clients discovering at once (a gateway's start) ask the server about its GET stream
+/// once between them: the discovers that come while the question is out wait for its answer.
+#[tokio::test]
+async fn concurrent_discovers_ask_about_the_get_stream_once() {
+    const CLIENTS: usize = 8;
+    let m = MockMcp::legacy().list_changed().start().await;
+    let gw = Gateway::start(&config(&http_backend(&m.url()))).await;
+    let url = gw.url("/mcp/b");
+    m.hold_gets(true);
+    let discovers: Vec<_> = (0..CLIENTS)
+        .map(|_| tokio::spawn(discover_owned(url.clone())))
+        .collect();
+    until("the question reached the server", || async {
+        m.session_gets() >= 1
+    })
+    .await;
+    // Discovers that did not wait for the answer would each have asked by now (the question's
+    // deadline here is timeout_ms, 600 ms: let go well before it).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    m.hold_gets(false);
+    for d in discovers {
+        let d = d.await.unwrap();
+        assert_eq!(d["capabilities"]["tools"]["listChanged"], true, "{d}");
+    }
+    assert_eq!(m.session_gets(), 1);
+    gw.stop().await;
+}
+
 /// A server that allows one GET stream per session answers 409 while it still holds the one
 /// portico has just let go of (the discover's question, a listener that left): the listen is
 /// served once the server has let go too, not failed with 502.
@@ -778,6 +806,10 @@ async fn hears_tool_changes(url: &str, m: &crate::common::mock::MockHandle, id: 
 }
 
 /// The result of a `server/discover` at `url`.
+async fn discover_owned(url: String) -> Value {
+    discover(&url).await
+}
+
 async fn discover(url: &str) -> Value {
     mcp(url, json!(0), "server/discover", json!({}))
         .await

@@ -27,6 +27,7 @@ pub(super) async fn legacy(
         if !known {
             return empty(StatusCode::NOT_FOUND);
         }
+        let _ = state.gets_open.subscribe().wait_for(|open| *open).await;
         let refused = {
             let mut r = state.get_refusals.lock().unwrap();
             match r.0 {

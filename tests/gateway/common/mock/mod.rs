@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 mod answer;
 mod legacy;
@@ -115,6 +115,9 @@ pub struct MockState {
     /// Legacy: how many more GETs of a session's stream to refuse, and with which status
     /// (`refuse_gets`).
     pub get_refusals: Mutex<(u64, u16)>,
+    /// Legacy: whether GETs of a session's stream are answered now (`hold_gets`): while
+    /// `false`, they wait.
+    pub gets_open: watch::Sender<bool>,
     /// Legacy: resource URIs subscribed (`resources/subscribe`), by session.
     pub subscribed: Mutex<HashMap<String, HashSet<String>>>,
     /// Legacy: the level `logging/setLevel` set, by session.
@@ -284,6 +287,7 @@ impl MockMcp {
             levels: Mutex::new(HashMap::new()),
             get_streams: Mutex::new(Vec::new()),
             get_refusals: Mutex::new((0, 0)),
+            gets_open: watch::channel(true).0,
             deletes: AtomicU64::new(0),
             deleted: Mutex::new(Vec::new()),
             inits: Mutex::new(HashMap::new()),
@@ -344,6 +348,12 @@ impl MockHandle {
     /// has just let go of.
     pub fn refuse_gets(&self, n: u64, status: u16) {
         *self.state.get_refusals.lock().unwrap() = (n, status);
+    }
+
+    /// Holds (`false`) or lets go of (`true`) the answers to GETs of a session's stream: a
+    /// question asked while they are held stays open until let go.
+    pub fn hold_gets(&self, held: bool) {
+        self.state.gets_open.send_replace(!held);
     }
 
     /// How many GETs of a session's stream (with its `Mcp-Session-Id`) the mock was sent.
