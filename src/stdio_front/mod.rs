@@ -387,11 +387,16 @@ struct LineCtx<'a> {
 }
 
 impl LineCtx<'_> {
+    /// The line's request, in the client's session when it has one.
+    fn in_session(&self, env: Option<&protocol::Envelope>, body: Bytes) -> Request<Full<Bytes>> {
+        request(self.path, env, body, self.session.as_ref(), self.caller)
+    }
+
     async fn serve(&mut self, body: Bytes) {
         // A JSON-RPC batch within a session: the pipeline serves it when the session's revision
         // has batches (2025-03-26) and refuses it otherwise; either way its answer is relayed.
         if protocol::first_byte(&body) == Some(b'[') && self.session.is_some() {
-            let req = request(self.path, None, body, self.session.as_ref(), self.caller);
+            let req = self.in_session(None, body);
             let (state, out) = (self.state.clone(), self.out.clone());
             self.tasks.spawn(async move {
                 let resp = crate::proxy::handle(state, req).await;
@@ -419,13 +424,7 @@ impl LineCtx<'_> {
             if !self.cancel(&body) && self.session.is_some() {
                 // No line of its own here: an element of a batch (one request to the pipeline),
                 // cancelled there as an HTTP client's cancel is (`step::calls`).
-                let req = request(
-                    self.path,
-                    Some(&env),
-                    body,
-                    self.session.as_ref(),
-                    self.caller,
-                );
+                let req = self.in_session(Some(&env), body);
                 let _ = crate::proxy::handle(self.state.clone(), req).await;
             }
             return;
@@ -469,13 +468,7 @@ impl LineCtx<'_> {
             let _ = self.out.send(Bytes::from(err.to_message(Some(rid)))).await;
             return;
         }
-        let req = request(
-            self.path,
-            Some(&env),
-            body,
-            self.session.as_ref(),
-            self.caller,
-        );
+        let req = self.in_session(Some(&env), body);
         let state = self.state.clone();
         let out = self.out.clone();
         let task_id = id.clone();
