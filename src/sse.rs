@@ -4,9 +4,11 @@
 //! decoder is also a fuzz target. [`EventEnds`] only notices where events end in bytes that are
 //! relayed untouched (the idle clock of a long call, README "Long calls").
 //!
-//! Only what MCP uses is kept: `data:` lines joined by `\n`; `event:`, `id:`, `retry:` and
-//! comment lines are read and dropped; an event with empty data (the 2025-11-25 priming event)
-//! yields nothing.
+//! Only what MCP uses is kept: `data:` lines joined by `\n`; `event:` is kept for the caller
+//! to ask about, `id:` and `retry:` as the stream's last event id and reconnection time (what
+//! a client needs to resume a 2025-11-25 stream its server closed early); comment lines are
+//! dropped; an event with empty data (the 2025-11-25 priming event) yields nothing, though its
+//! id counts.
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -26,6 +28,9 @@ pub fn sse_event(message: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// The longest event id kept: an id is sent back as a header value, so it stays small.
+const MAX_EVENT_ID: usize = 1024;
+
 /// Default ceiling for one event.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 
@@ -42,6 +47,12 @@ pub struct SseDecoder {
     /// 2024-11-05 transport's `endpoint` event is told from `message` by it).
     event: Vec<u8>,
     last_event: Vec<u8>,
+    /// The `id:` field last read, and the last event id of the stream: the former as of the
+    /// last dispatched event (a blank line), as the SSE rules keep it. Empty: none.
+    id: Vec<u8>,
+    last_id: Vec<u8>,
+    /// The last `retry:` the stream sent, in milliseconds.
+    retry_ms: Option<u64>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -57,7 +68,21 @@ impl SseDecoder {
             max_event,
             event: Vec::new(),
             last_event: Vec::new(),
+            id: Vec::new(),
+            last_id: Vec::new(),
+            retry_ms: None,
         }
+    }
+
+    /// The id of the last event the stream dispatched (a priming event's too), which a
+    /// client resuming the stream names in `Last-Event-ID`; `None` when it gave none.
+    pub fn last_event_id(&self) -> Option<&[u8]> {
+        (!self.last_id.is_empty()).then_some(&self.last_id[..])
+    }
+
+    /// The reconnection time the stream last asked for (`retry:`), in milliseconds.
+    pub fn retry_ms(&self) -> Option<u64> {
+        self.retry_ms
     }
 
     /// The `event:` type of the event [`SseDecoder::next_event`] last returned (empty when it
@@ -99,6 +124,9 @@ impl SseDecoder {
             self.buf.advance(skip);
             self.scanned = 0;
             if line.is_empty() {
+                if self.id != self.last_id {
+                    self.last_id.clone_from(&self.id);
+                }
                 let event = std::mem::take(&mut self.event);
                 if self.has_data {
                     self.last_event = event;
@@ -120,6 +148,19 @@ impl SseDecoder {
             };
             if field == b"event" {
                 self.event = value.iter().take(64).copied().collect();
+                continue;
+            }
+            if field == b"id" {
+                // An id holding NUL is ignored (the SSE rules); a long one is not kept whole.
+                if !value.contains(&0) && value.len() <= MAX_EVENT_ID {
+                    self.id = value.to_vec();
+                }
+                continue;
+            }
+            if field == b"retry" {
+                if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
+                    self.retry_ms = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
+                }
                 continue;
             }
             if field == b"data" {
@@ -324,6 +365,45 @@ data: {}
         assert_eq!(d.event_type(), b"endpoint");
         assert_eq!(d.next_event().unwrap().unwrap(), "{}");
         assert_eq!(d.event_type(), b"", "no type: a message");
+    }
+
+    /// What a client resuming a stream needs: the id of the last event dispatched (a priming
+    /// event's too, an id not yet dispatched not), and the last `retry:`.
+    #[test]
+    fn the_last_event_id_and_retry_are_kept() {
+        let mut d = SseDecoder::new(1024);
+        assert_eq!(d.last_event_id(), None);
+        d.push(b"id: s1-0\ndata:\n\nretry: 250\n\n");
+        assert_eq!(
+            d.next_event().unwrap(),
+            None,
+            "a priming event is no message"
+        );
+        assert_eq!(d.last_event_id(), Some(&b"s1-0"[..]));
+        assert_eq!(d.retry_ms(), Some(250));
+        d.push(b"id: s1-1\nevent: message\ndata: {}\n\nid: s1-2\ndata: {\"x\":1}");
+        assert_eq!(d.next_event().unwrap().unwrap(), "{}");
+        assert_eq!(d.next_event().unwrap(), None);
+        assert_eq!(
+            d.last_event_id(),
+            Some(&b"s1-1"[..]),
+            "s1-2 is not dispatched"
+        );
+        d.push(b"\n\nretry: soon\nid: a\0b\n\n");
+        assert_eq!(d.next_event().unwrap().unwrap(), "{\"x\":1}");
+        assert_eq!(
+            d.last_event_id(),
+            Some(&b"s1-2"[..]),
+            "an id with NUL is ignored"
+        );
+        assert_eq!(
+            d.retry_ms(),
+            Some(250),
+            "a retry that is not digits is ignored"
+        );
+        d.push(b"id:\n\n");
+        assert_eq!(d.next_event().unwrap(), None);
+        assert_eq!(d.last_event_id(), None, "an empty id resets it");
     }
 
     #[test]

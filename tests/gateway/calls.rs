@@ -513,3 +513,65 @@ async fn param_headers_are_built_for_calls_portico_writes() {
     );
     gw.stop().await;
 }
+
+/// A 2025-11-25 server may close a call's answer stream after a priming event (an id, no
+/// data) and have its client resume it with a GET naming the last event, after the pause it
+/// asked for (`retry:`). portico resumes it as a client must — for clients of both eras, as
+/// often as the server closes early — and a refused resumption fails the call, naming why.
+#[tokio::test]
+async fn an_answer_stream_closed_early_is_resumed() {
+    let m = MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}",
+        http_backend("l", &m.url(), "legacy", "timeout_ms = 5000")
+    ))
+    .await;
+    let url = gw.url("/mcp/l");
+    let call = json!({"name":"resumable","arguments":{"hops":3,"retry":100}});
+    let started = Instant::now();
+    let r = mcp(&url, json!(1), "tools/call", call.clone()).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "resumed",
+        "{:?}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "each resumption waits for retry: {:?}",
+        started.elapsed()
+    );
+    // Each GET named the last event of the stream before it, the priming event first.
+    let from = m.resumed_from();
+    assert_eq!(from.len(), 3, "{from:?}");
+    for (i, id) in from.iter().enumerate() {
+        assert!(id.ends_with(&format!("/{i}")), "{from:?}");
+    }
+    let (old, _) = crate::legacy::OldClient::connect(&url, "2025-11-25").await;
+    let r = old.call(json!(7), "tools/call", call).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "resumed",
+        "{:?}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(m.resumed_from().len(), 6);
+    m.refuse_gets(1, 405);
+    let r = mcp(
+        &url,
+        json!(2),
+        "tools/call",
+        json!({"name":"resumable","arguments":{}}),
+    )
+    .await;
+    let message = r.result()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        message.contains("could not be resumed") && message.contains("405"),
+        "{:?}",
+        String::from_utf8_lossy(&r.body)
+    );
+    gw.stop().await;
+}

@@ -30,14 +30,14 @@ use super::h1::{self, H1Body};
 use super::{AnswerCheck, CallClock, MessageStream, Reply, UpstreamError};
 use crate::config::BackendConfig;
 use crate::error::{BodyError, GatewayError};
-use crate::protocol::sniff_id;
+use crate::protocol::{LATEST_VERSION, header as h, sniff_id};
 use crate::sse::sse_event;
 use crate::sse::{EventEnds, SseDecoder};
 
 mod relay;
 
-use relay::sse_messages;
 pub use relay::{RelayBody, TimedOut, async_stream};
+use relay::{Resume, sse_messages};
 
 /// A live connection to the backend.
 enum Sender {
@@ -473,8 +473,9 @@ impl HttpUpstream {
     ) -> Result<Reply, UpstreamError> {
         // Only a POSTed request is owed a response; a GET stream (legacy notifications) is not.
         let request = (req.method() == Method::POST).then(|| req.body().clone());
+        let session = Resume::session_headers(|n| req.headers().get(n).cloned());
         let ex = self.exchange(req, deadline).await?;
-        self.answer(ex, request, deadline, AnswerCheck::Upstream)
+        self.answer(ex, request, deadline, AnswerCheck::Upstream, || session)
             .await
     }
 
@@ -490,17 +491,26 @@ impl HttpUpstream {
         check: AnswerCheck,
     ) -> Result<Reply, UpstreamError> {
         let ex = self.forward(client_headers, extra, &body, deadline).await?;
-        self.answer(ex, Some(body), deadline, check).await
+        let session = || {
+            Resume::session_headers(|n| {
+                let mut sent = extra.iter().filter(|(k, _)| k == n).map(|(_, v)| v);
+                sent.next().or_else(|| client_headers.get(n)).cloned()
+            })
+        };
+        self.answer(ex, Some(body), deadline, check, session).await
     }
 
     /// The message path's reading of an answer (`request`: the POSTed body, which is owed one;
-    /// `check`: whether a JSON answer is checked here or by the caller).
+    /// `check`: whether a JSON answer is checked here or by the caller; `session`: the
+    /// request's initialize-era session headers, asked for only when the answer is a stream,
+    /// which may then be resumed).
     async fn answer(
         self: &Arc<Self>,
         ex: Exchange,
         request: Option<Bytes>,
         deadline: Instant,
         check: AnswerCheck,
+        session: impl FnOnce() -> Option<Vec<(HeaderName, HeaderValue)>>,
     ) -> Result<Reply, UpstreamError> {
         let status = ex.response.status();
         let (parts, body) = self.relay(ex, deadline, Bytes::new());
@@ -520,7 +530,16 @@ impl HttpUpstream {
             return Ok(Reply {
                 status,
                 headers,
-                messages: MessageStream::Many(Box::pin(sse_messages(body, limit, request))),
+                messages: MessageStream::Many(Box::pin(sse_messages(
+                    body,
+                    limit,
+                    request,
+                    session().map(|headers| Resume {
+                        headers,
+                        clock: CallClock::new(deadline, self.timeout, self.max_call),
+                        deadline,
+                    }),
+                ))),
             });
         }
         // A declared length over the bound fails before a byte of the body is read.

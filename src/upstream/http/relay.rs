@@ -167,17 +167,100 @@ impl http_body::Body for RelayBody {
     }
 }
 
+/// The first pause before resuming a stream whose server named no `retry:`.
+const DEFAULT_RESUME_WAIT: Duration = Duration::from_millis(500);
+/// The longest pause a server's `retry:` gets before a resumption (the call's deadline bounds
+/// it too).
+const MAX_RESUME_WAIT: Duration = Duration::from_secs(10);
+/// Resumptions in a row that brought no message: past this the stream is given up (a server
+/// that keeps closing at once must not be asked again and again until the deadline).
+const MAX_RESUMES_WITHOUT_MESSAGE: u32 = 8;
+
+/// How an initialize-era answer stream that its server closed before the response is picked
+/// up again (2025-11-25 resumability, docs/protocol.md §7): a GET in the same session naming the
+/// last event seen (`Last-Event-ID`), after the pause the server asked for (`retry:`).
+pub(super) struct Resume {
+    /// The request's session headers (`MCP-Protocol-Version`, `Mcp-Session-Id`).
+    pub(super) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(super) clock: CallClock,
+    pub(super) deadline: Instant,
+}
+
+impl Resume {
+    /// The headers that name an initialize-era session among a request's (found by `get`), for
+    /// resuming its answer stream; `None` for a 2026-07-28 request, whose streams do not resume.
+    pub(super) fn session_headers(
+        get: impl Fn(&HeaderName) -> Option<HeaderValue>,
+    ) -> Option<Vec<(HeaderName, HeaderValue)>> {
+        let version = get(&h::names::PROTOCOL_VERSION)?;
+        if version.as_bytes() == LATEST_VERSION.as_bytes() {
+            return None;
+        }
+        let mut headers = vec![(h::names::PROTOCOL_VERSION, version)];
+        if let Some(id) = get(&h::names::SESSION_ID) {
+            headers.push((h::names::SESSION_ID, id));
+        }
+        Some(headers)
+    }
+
+    /// The stream again, from after `last_id`, on `up`; why not when it cannot be had.
+    async fn reopen(
+        &self,
+        up: &Arc<HttpUpstream>,
+        last_id: &[u8],
+        retry_ms: Option<u64>,
+    ) -> Result<RelayBody, String> {
+        if self.clock.past_hard() {
+            return Err("the call reached max_call_ms".into());
+        }
+        let wait = retry_ms
+            .map_or(DEFAULT_RESUME_WAIT, Duration::from_millis)
+            .min(MAX_RESUME_WAIT);
+        if Instant::now() + wait >= self.deadline {
+            return Err("the server's pause runs past the call's deadline".into());
+        }
+        tokio::time::sleep(wait).await;
+        let id = HeaderValue::from_bytes(last_id)
+            .map_err(|_| "its last event id is no header value".to_string())?;
+        let mut extra = self.headers.clone();
+        extra.push((LAST_EVENT_ID, id));
+        let ex = up
+            .exchange(up.get_events(&extra), self.deadline)
+            .await
+            .map_err(|e| format!("the GET naming its last event failed: {e}"))?;
+        let status = ex.response.status();
+        let (parts, mut body) = up.relay(ex, self.deadline, Bytes::new());
+        if !status.is_success() || !is_event_stream(&parts.headers) {
+            return Err(format!(
+                "the GET naming its last event was answered HTTP {}",
+                status.as_u16()
+            ));
+        }
+        body.on_break = None;
+        Ok(body)
+    }
+}
+
+/// The header a client resuming an event stream names its last event in.
+const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+
 /// Decodes an SSE answer into JSON-RPC messages, ending with an error item if the stream breaks,
 /// an event passes `limit` bytes or is not a JSON-RPC message, or (for a POSTed request, given
-/// as `request`) the stream ends without the response (docs/protocol.md §4).
+/// as `request`) the stream ends without the response (docs/protocol.md §4) — unless it can be
+/// resumed (`resume`: an initialize-era request whose server gave its events ids), and then the
+/// messages of the resumed stream follow.
 pub(super) fn sse_messages(
     mut body: RelayBody,
     limit: usize,
     request: Option<Bytes>,
+    mut resume: Option<Resume>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, UpstreamError>> + Send {
     async_stream(move |tx| async move {
         let mut dec = SseDecoder::new(limit);
         let mut answered = false;
+        // What a resumption names and waits for, kept over the streams of one answer.
+        let (mut last_id, mut retry_ms) = (None::<Vec<u8>>, None);
+        let mut resumed_without_message = 0;
         // Checks one event; `false` once the stream must end (an error was sent, or nobody
         // listens any more).
         let deliver = async |ev: Bytes, answered: &mut bool| {
@@ -203,6 +286,10 @@ pub(super) fn sse_messages(
                                     if !deliver(ev, &mut answered).await {
                                         return;
                                     }
+                                    resumed_without_message = 0;
+                                    if let Some(r) = &mut resume {
+                                        r.deadline = r.clock.after_message();
+                                    }
                                 }
                                 Ok(None) => break,
                                 Err(_) => {
@@ -227,13 +314,37 @@ pub(super) fn sse_messages(
                     {
                         return;
                     }
-                    if !answered && request.as_deref().and_then(sniff_id).is_some() {
-                        let _ = tx
-                            .send(Err(UpstreamError::Protocol(
-                                "the SSE stream ended without a response".into(),
-                            )))
-                            .await;
+                    if answered || request.as_deref().and_then(sniff_id).is_none() {
+                        return;
                     }
+                    if let Some(id) = dec.last_event_id() {
+                        last_id = Some(id.to_vec());
+                    }
+                    retry_ms = dec.retry_ms().or(retry_ms);
+                    let why = match (&resume, &last_id) {
+                        (Some(r), Some(id))
+                            if resumed_without_message < MAX_RESUMES_WITHOUT_MESSAGE =>
+                        {
+                            match r.reopen(&body.upstream, id, retry_ms).await {
+                                Ok(next) => {
+                                    body = next;
+                                    dec = SseDecoder::new(limit);
+                                    resumed_without_message += 1;
+                                    continue;
+                                }
+                                Err(why) => format!(", and could not be resumed: {why}"),
+                            }
+                        }
+                        (Some(_), Some(_)) => format!(
+                            ", and {MAX_RESUMES_WITHOUT_MESSAGE} resumptions in a row brought no message"
+                        ),
+                        _ => String::new(),
+                    };
+                    let _ = tx
+                        .send(Err(UpstreamError::Protocol(format!(
+                            "the SSE stream ended without a response{why}"
+                        ))))
+                        .await;
                     return;
                 }
             }

@@ -41,6 +41,13 @@ pub(super) async fn legacy(
         if let Some(status) = refused {
             return empty(StatusCode::from_u16(status).unwrap());
         }
+        if let Some(last) = h("last-event-id") {
+            state.resumed_from.lock().unwrap().push(last.clone());
+            let Some(r) = state.resumable.lock().unwrap().remove(&last) else {
+                return empty(StatusCode::BAD_REQUEST);
+            };
+            return resumed(&state, session.as_deref().unwrap_or(""), r);
+        }
         let (tx, rx) = mpsc::channel::<Bytes>(16);
         state
             .get_streams
@@ -209,6 +216,23 @@ pub(super) async fn legacy(
             ),
         );
     }
+    if method == "tools/call" && body["params"]["name"] == "resumable" {
+        // 2025-11-25 resumability: a priming event (an id, no data) and the pause to wait, then
+        // the stream closes; each resumption gets the next part (`hops` in all).
+        let args = &body["params"]["arguments"];
+        let first = format!("{}/{id}/0", session.as_deref().unwrap_or(""));
+        let mut events = format!("id: {first}\ndata:\n\n");
+        if let Some(ms) = args["retry"].as_u64() {
+            events.push_str(&format!("retry: {ms}\n\n"));
+        }
+        let r = Resumable {
+            id: id.clone(),
+            left: args["hops"].as_u64().unwrap_or(1) - 1,
+            next: 1,
+        };
+        state.resumable.lock().unwrap().insert(first, r);
+        return raw_sse(events);
+    }
     if opts.subscribe_and_log {
         let session = session.unwrap_or_default();
         let ok = json!({"jsonrpc":"2.0","id":id,"result":{}});
@@ -246,4 +270,35 @@ pub(super) async fn legacy(
         }
     }
     answer(state, &opts, &method, &body, &parts.headers, false).await
+}
+
+/// The next part of a `resumable` answer: a log line (its stream closed again, to be resumed)
+/// or the response.
+fn resumed(state: &MockState, session: &str, r: Resumable) -> Response<Body> {
+    let event_id = format!("{session}/{}/{}", r.id, r.next);
+    let message = if r.left > 0 {
+        let line = format!("part {}", r.next);
+        state.resumable.lock().unwrap().insert(
+            event_id.clone(),
+            Resumable {
+                id: r.id.clone(),
+                left: r.left - 1,
+                next: r.next + 1,
+            },
+        );
+        json!({"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":line}})
+    } else {
+        json!({"jsonrpc":"2.0","id":r.id,"result":{"content":[{"type":"text","text":"resumed"}],"isError":false}})
+    };
+    raw_sse(format!(
+        "id: {event_id}\nevent: message\ndata: {message}\n\n"
+    ))
+}
+
+/// An event stream of exactly `events`, ended after them.
+fn raw_sse(events: String) -> Response<Body> {
+    let mut r = Response::new(Body::full(events));
+    r.headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    r
 }

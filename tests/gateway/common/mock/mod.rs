@@ -118,6 +118,10 @@ pub struct MockState {
     /// Legacy: whether GETs of a session's stream are answered now (`hold_gets`): while
     /// `false`, they wait.
     pub gets_open: watch::Sender<bool>,
+    /// Legacy `resumable`: the answer streams closed early, by the id of their last event.
+    pub resumable: Mutex<HashMap<String, Resumable>>,
+    /// Legacy: the `Last-Event-ID`s GETs named, in order.
+    pub resumed_from: Mutex<Vec<String>>,
     /// Legacy: resource URIs subscribed (`resources/subscribe`), by session.
     pub subscribed: Mutex<HashMap<String, HashSet<String>>>,
     /// Legacy: the level `logging/setLevel` set, by session.
@@ -139,6 +143,17 @@ pub struct MockState {
     /// when they arrived.
     pub answers: Mutex<Vec<(tokio::time::Instant, Value)>>,
     pub answered: Notify,
+}
+
+/// A `resumable` call's answer stream, closed before its response: what a resumption
+/// (a GET naming its last event) gets next.
+pub struct Resumable {
+    /// The request's id, for the response.
+    pub id: Value,
+    /// Resumptions still to close early (each with one log line) before the response.
+    pub left: u64,
+    /// The next event's number within the stream.
+    pub next: u64,
 }
 
 /// A running mock.
@@ -288,6 +303,8 @@ impl MockMcp {
             get_streams: Mutex::new(Vec::new()),
             get_refusals: Mutex::new((0, 0)),
             gets_open: watch::channel(true).0,
+            resumable: Mutex::new(HashMap::new()),
+            resumed_from: Mutex::new(Vec::new()),
             deletes: AtomicU64::new(0),
             deleted: Mutex::new(Vec::new()),
             inits: Mutex::new(HashMap::new()),
@@ -354,6 +371,11 @@ impl MockHandle {
     /// question asked while they are held stays open until let go.
     pub fn hold_gets(&self, held: bool) {
         self.state.gets_open.send_replace(!held);
+    }
+
+    /// The `Last-Event-ID`s that GETs named, in order.
+    pub fn resumed_from(&self) -> Vec<String> {
+        self.state.resumed_from.lock().unwrap().clone()
     }
 
     /// How many GETs of a session's stream (with its `Mcp-Session-Id`) the mock was sent.
