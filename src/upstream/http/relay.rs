@@ -241,6 +241,15 @@ impl Resume {
     }
 }
 
+/// A message came: the call's clock restarts for a resumption, and the resumptions that
+/// brought nothing are counted afresh.
+fn heard(resume: &mut Option<Resume>, resumed_without_message: &mut u32) {
+    *resumed_without_message = 0;
+    if let Some(r) = resume {
+        r.deadline = r.clock.after_message();
+    }
+}
+
 /// The header a client resuming an event stream names its last event in.
 const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 
@@ -286,10 +295,7 @@ pub(super) fn sse_messages(
                                     if !deliver(ev, &mut answered).await {
                                         return;
                                     }
-                                    resumed_without_message = 0;
-                                    if let Some(r) = &mut resume {
-                                        r.deadline = r.clock.after_message();
-                                    }
+                                    heard(&mut resume, &mut resumed_without_message);
                                 }
                                 Ok(None) => break,
                                 Err(_) => {
@@ -309,10 +315,11 @@ pub(super) fn sse_messages(
                     return;
                 }
                 None => {
-                    if let Some(ev) = dec.finish()
-                        && !deliver(ev, &mut answered).await
-                    {
-                        return;
+                    if let Some(ev) = dec.finish() {
+                        if !deliver(ev, &mut answered).await {
+                            return;
+                        }
+                        heard(&mut resume, &mut resumed_without_message);
                     }
                     if answered || request.as_deref().and_then(sniff_id).is_none() {
                         return;
