@@ -522,7 +522,8 @@ async fn param_headers_are_built_for_calls_portico_writes() {
 async fn an_answer_stream_closed_early_is_resumed() {
     let m = MockMcp::legacy().start().await;
     let gw = Gateway::start(&format!(
-        "[log]\naccess = false\n{}",
+        // No cache: its change watcher's GET must not take the refusal meant for a resumption.
+        "[log]\naccess = false\n[cache]\nenabled = false\n{}",
         http_backend("l", &m.url(), "legacy", "timeout_ms = 5000")
     ))
     .await;
