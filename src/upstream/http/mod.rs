@@ -473,7 +473,10 @@ impl HttpUpstream {
     ) -> Result<Reply, UpstreamError> {
         // Only a POSTed request is owed a response; a GET stream (legacy notifications) is not.
         let request = (req.method() == Method::POST).then(|| req.body().clone());
-        let session = Resume::session_headers(|n| req.headers().get(n).cloned());
+        // Only an answer owed to a POST may be resumed: a GET's headers are not looked at.
+        let session = request
+            .as_ref()
+            .and_then(|_| Resume::session_headers(|n| req.headers().get(n).cloned()));
         let ex = self.exchange(req, deadline).await?;
         self.answer(ex, request, deadline, AnswerCheck::Upstream, || session)
             .await
