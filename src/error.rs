@@ -72,6 +72,9 @@ pub enum GatewayError {
     BackendFailed { backend: String, detail: String },
     #[error("backend {backend} is overloaded")]
     Overloaded { backend: String },
+    /// `[server] max_sse_sessions` HTTP+SSE client sessions are open on this replica.
+    #[error("too many HTTP+SSE sessions are open ({limit}, server.max_sse_sessions); retry later")]
+    TooManySseSessions { limit: usize },
     #[error("Unauthorized: {reason}")]
     Unauthorized {
         reason: String,
@@ -136,7 +139,9 @@ impl GatewayError {
             | BadRequest(_) => StatusCode::BAD_REQUEST,
             BackendUnreachable { .. } | BackendFailed { .. } => StatusCode::BAD_GATEWAY,
             BackendTimeout { .. } | StreamLimit { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Overloaded { .. } | CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Overloaded { .. } | CircuitOpen { .. } | TooManySseSessions { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
             RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -174,6 +179,7 @@ impl GatewayError {
             | BackendTimeout { .. }
             | BackendFailed { .. }
             | Overloaded { .. }
+            | TooManySseSessions { .. }
             | CircuitOpen { .. }
             | Internal(_)
             | NameCollision { .. }
@@ -207,6 +213,7 @@ impl GatewayError {
             BackendTimeout { .. } => "backend_timeout",
             BackendFailed { .. } => "backend_failed",
             Overloaded { .. } => "overloaded",
+            TooManySseSessions { .. } => "too_many_sse_sessions",
             Unauthorized { .. } => "unauthorized",
             Forbidden(_) => "forbidden",
             RateLimited { .. } => "rate_limited",
@@ -279,7 +286,9 @@ impl GatewayError {
             GatewayError::RateLimited { retry_after_s } => {
                 h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
             }
-            GatewayError::CircuitOpen { .. } | GatewayError::Overloaded { .. } => {
+            GatewayError::CircuitOpen { .. }
+            | GatewayError::Overloaded { .. }
+            | GatewayError::TooManySseSessions { .. } => {
                 h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}

@@ -49,6 +49,7 @@ pub mod router;
 pub mod server;
 pub mod session;
 pub mod sse;
+pub mod sse_front;
 pub mod state;
 pub mod stats;
 pub mod status;

@@ -161,6 +161,7 @@ pub struct Metrics {
     duration: HistogramVec,
     upstream: HistogramVec,
     in_flight: IntGauge,
+    sse_sessions: IntGauge,
     aggregate_omitted: IntCounterVec,
     breaker_state: IntGaugeVec,
     retries: IntCounterVec,
@@ -237,6 +238,15 @@ impl Handles {
 /// Tells `Metrics` instances apart in the per-thread handle cache.
 static METRICS_IDS: AtomicU64 = AtomicU64::new(0);
 
+/// Decrements `portico_sse_sessions` when the session's stream is dropped.
+pub struct SseSession(IntGauge);
+
+impl Drop for SseSession {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Decrements the in-flight gauge when the request's handler returns (or is dropped).
 pub struct InFlight(IntGauge);
 
@@ -297,6 +307,11 @@ impl Metrics {
         );
         let in_flight = IntGauge::new("portico_in_flight_requests", "Requests being handled now.")
             .expect("static metric definition");
+        let sse_sessions = IntGauge::new(
+            "portico_sse_sessions",
+            "Client sessions open on the 2024-11-05 HTTP+SSE transport (GET <route>/sse).",
+        )
+        .expect("static metric definition");
         let aggregate_omitted = counter_vec(
             "portico_aggregate_member_omitted_total",
             "Members left out of an aggregated endpoint's answer (failure_mode = open), by \
@@ -366,6 +381,7 @@ impl Metrics {
             Box::new(duration.clone()),
             Box::new(upstream.clone()),
             Box::new(in_flight.clone()),
+            Box::new(sse_sessions.clone()),
             Box::new(aggregate_omitted.clone()),
             Box::new(build),
             Box::new(breaker_state.clone()),
@@ -386,6 +402,7 @@ impl Metrics {
             duration,
             upstream,
             in_flight,
+            sse_sessions,
             aggregate_omitted,
             breaker_state,
             retries,
@@ -425,6 +442,15 @@ impl Metrics {
             .duration
             .get_or_init(|| self.tool_duration.with_label_values(&[backend, tool]))
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts an HTTP+SSE client session as open until the returned guard drops; `None` when
+    /// `max` are open already. (Counted first and taken back when over: two racing opens at the
+    /// limit may both be refused, never both admitted.)
+    pub fn sse_session(&self, max: usize) -> Option<SseSession> {
+        self.sse_sessions.inc();
+        let session = SseSession(self.sse_sessions.clone());
+        (usize::try_from(self.sse_sessions.get()).unwrap_or(usize::MAX) <= max).then_some(session)
     }
 
     /// Counts a request as in flight until the returned guard drops.

@@ -27,6 +27,9 @@ pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Idle time before an SSE response gets a keep-alive comment (below common 30-60 s proxy
 /// idle timeouts).
 pub const DEFAULT_SSE_KEEPALIVE_MS: u64 = 15_000;
+/// Client sessions open at once on the 2024-11-05 HTTP+SSE transport (`<route>/sse`); each
+/// holds a stream and a task for as long as its client stays.
+pub const DEFAULT_MAX_SSE_SESSIONS: usize = 1024;
 pub const DEFAULT_SESSION_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 pub const DEFAULT_CACHE_MAX_TTL_MS: u64 = 5 * 60 * 1000;
 pub const DEFAULT_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
@@ -162,6 +165,10 @@ pub struct ServerConfig {
     /// (0 = unlimited).
     #[serde(default)]
     pub max_stream_ms: u64,
+    /// Client sessions on the 2024-11-05 HTTP+SSE transport (`GET <route>/sse`, then
+    /// `POST <route>/messages`) open at once on this replica; 0 turns the transport off.
+    #[serde(default = "default_max_sse_sessions")]
+    pub max_sse_sessions: usize,
 }
 
 impl Default for ServerConfig {
@@ -180,6 +187,7 @@ impl Default for ServerConfig {
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             sse_keepalive_ms: DEFAULT_SSE_KEEPALIVE_MS,
             max_stream_ms: 0,
+            max_sse_sessions: DEFAULT_MAX_SSE_SESSIONS,
         }
     }
 }
@@ -752,6 +760,7 @@ default_fns! {
     default_debounce_ms: u64 = DEFAULT_DEBOUNCE_MS;
     default_max_idle_connections: usize = DEFAULT_MAX_IDLE_CONNECTIONS;
     default_max_upstream_sessions: usize = DEFAULT_MAX_UPSTREAM_SESSIONS;
+    default_max_sse_sessions: usize = DEFAULT_MAX_SSE_SESSIONS;
     default_max_upstream_sessions_per_context: usize = DEFAULT_MAX_UPSTREAM_SESSIONS_PER_CONTEXT;
     default_upstream_idle_ms: u64 = DEFAULT_UPSTREAM_IDLE_MS;
     default_input_hold_ms: u64 = DEFAULT_INPUT_HOLD_MS;

@@ -170,7 +170,11 @@ async fn serve_hyper<I>(
         let state = shared.load_full();
         let busy = Busy::enter(&watched);
         async move {
-            let resp = crate::proxy::handle(state, req).await;
+            let resp = if crate::sse_front::claims(&state, req.uri().path()) {
+                Box::pin(crate::sse_front::serve(state, req)).await
+            } else {
+                crate::proxy::handle(state, req).await
+            };
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
         }
     });

@@ -165,6 +165,22 @@ pub struct Caller {
     principal: Option<String>,
 }
 
+impl Caller {
+    /// A client that authenticated elsewhere (the HTTP+SSE transport's `GET`): the credential
+    /// its messages carry, and the principal it was found to be.
+    pub(crate) fn new(authorization: Option<HeaderValue>, principal: Option<String>) -> Caller {
+        Caller {
+            authorization,
+            principal,
+        }
+    }
+
+    /// The principal the client authenticated as (`None` without `[auth]`).
+    pub(crate) fn principal(&self) -> Option<&str> {
+        self.principal.as_deref()
+    }
+}
+
 async fn caller(
     state: &State,
     path: &str,
@@ -285,7 +301,54 @@ pub async fn serve_stdio<R, W>(
 {
     let (out, rx) = mpsc::channel::<Bytes>(OUT_QUEUE);
     let writer_task = tokio::spawn(write_lines(writer, rx));
-    let mut lines = LineReader::new(reader, max_line);
+    let input = Input::Lines(LineReader::new(reader, max_line));
+    serve_link(state, path, caller, max_line, drain, input, &out, shutdown).await;
+    drop(out);
+    // The last answers go out within the drain time too: a parent that stopped reading stdout
+    // must not keep portico from exiting.
+    let mut writer_task = writer_task;
+    if tokio::time::timeout(drain, &mut writer_task).await.is_err() {
+        tracing::warn!("stdout not drained within the drain time; exiting without it");
+        writer_task.abort();
+    }
+}
+
+/// Where a link's client messages come from: stdin lines, or the bodies POSTed to a 2024-11-05
+/// HTTP+SSE session (`sse_front`), one message each.
+pub(crate) enum Input<R> {
+    Lines(LineReader<R>),
+    Posts(mpsc::Receiver<Bytes>),
+}
+
+impl<R: AsyncRead + Unpin> Input<R> {
+    /// The next message; `None` at the end of input. Cancel-safe, like both sources.
+    async fn next(&mut self) -> std::io::Result<Option<Line>> {
+        match self {
+            Input::Lines(lines) => lines.next_line().await,
+            Input::Posts(rx) => Ok(rx.recv().await.map(|b| Line::Text(b.into()))),
+        }
+    }
+}
+
+/// A message link's loop: each message from `input` goes through the pipeline as a Streamable
+/// HTTP client's request would (one task per request), and what the client is owed — answers,
+/// the server's requests and notifications during calls, its session's GET stream — goes to
+/// `out`, one JSON-RPC message per item. Ends at the end of input or at `shutdown`, then lets
+/// in-flight requests finish for up to `drain`. `portico stdio` and the HTTP+SSE transport
+/// (`sse_front`) are this loop over two links.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve_link<R>(
+    state: Arc<State>,
+    path: String,
+    caller: Caller,
+    max_line: usize,
+    drain: Duration,
+    mut input: Input<R>,
+    out: &mpsc::Sender<Bytes>,
+    shutdown: impl Future<Output = ()>,
+) where
+    R: AsyncRead + Unpin + Send,
+{
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut inflight = InFlight::default();
     let mut session: Option<LegacyClient> = None;
@@ -304,12 +367,12 @@ pub async fn serve_stdio<R, W>(
                 };
                 inflight.finished(task);
             }
-            line = lines.next_line(), if tasks.len() < MAX_IN_FLIGHT => match line {
+            line = input.next(), if tasks.len() < MAX_IN_FLIGHT => match line {
                 Ok(Some(Line::Text(text))) => {
                     let mut line = LineCtx {
                         state: &state,
                         path: &path,
-                        out: &out,
+                        out,
                         tasks: &mut tasks,
                         inflight: &mut inflight,
                         session: &mut session,
@@ -333,11 +396,11 @@ pub async fn serve_stdio<R, W>(
                     let _ = out.send(Bytes::from(err.to_message(None))).await;
                 }
                 Ok(None) => {
-                    tracing::debug!("stdin closed");
+                    tracing::debug!("input closed");
                     break;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "cannot read stdin");
+                    tracing::warn!(%error, "cannot read input");
                     break;
                 }
             },
@@ -364,14 +427,6 @@ pub async fn serve_stdio<R, W>(
             );
             tasks.shutdown().await;
         }
-    }
-    drop(out);
-    // The last answers go out within the drain time too: a parent that stopped reading stdout
-    // must not keep portico from exiting.
-    let mut writer_task = writer_task;
-    if tokio::time::timeout(drain, &mut writer_task).await.is_err() {
-        tracing::warn!("stdout not drained within the drain time; exiting without it");
-        writer_task.abort();
     }
 }
 

@@ -24,6 +24,7 @@ mod reliability;
 mod security;
 mod server_h1;
 mod sessions;
+mod sse_front;
 mod status; // status page
 mod stdio;
 mod stdio_front;

@@ -3,6 +3,7 @@
 
 Usage:
   py_client.py --url http://127.0.0.1:PORT/mcp [--header 'K: V']... [--legacy|--modern] [--tool-prefix P]
+  py_client.py --sse --url http://127.0.0.1:PORT/mcp/NAME/sse ...   (the 2024-11-05 HTTP+SSE transport; legacy era)
   py_client.py [--legacy|--modern] [--tool-prefix P] --stdio -- CMD ARGS...
 
 Era selection (`mcp.Client(mode=...)`):
@@ -31,6 +32,7 @@ from typing import Any
 import anyio
 import mcp_types
 from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -48,6 +50,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     era.add_argument("--legacy", action="store_true")
     era.add_argument("--modern", action="store_true")
     p.add_argument("--header", action="append", default=[], help="extra HTTP header 'K: V' (repeatable)")
+    p.add_argument("--sse", action="store_true", help="the 2024-11-05 HTTP+SSE transport (--url is the GET stream)")
     p.add_argument("--tool-prefix", default="")
     p.add_argument("--scenario", choices=["basic", "input"], default="basic")
     p.add_argument("--timeout", type=float, default=20.0, help="overall deadline in seconds")
@@ -74,6 +77,8 @@ async def scenario(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
     async with AsyncExitStack() as stack:
         if args.stdio:
             server: Any = StdioServerParameters(command=cmd[0], args=cmd[1:], env=dict(os.environ))
+        elif args.sse:
+            server = sse_client(args.url, headers=headers or None)
         else:
             http = await stack.enter_async_context(create_mcp_http_client(headers=headers or None))
             server = streamable_http_client(args.url, http_client=http)
@@ -106,7 +111,7 @@ async def scenario(args: argparse.Namespace, cmd: list[str]) -> dict[str, Any]:
             }
         client = Client(
             server,
-            mode="legacy" if args.legacy else "auto",
+            mode="legacy" if args.legacy or args.sse else "auto",
             read_timeout_seconds=args.timeout,
             cache=None,  # every call must reach the server
             **callbacks,

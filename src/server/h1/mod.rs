@@ -174,8 +174,15 @@ pub async fn serve(
         let state = shared.load_full();
         // Pinned here and run by reference: the pipeline's future is several KB, and passing
         // it by value would copy it at every hand-over.
-        let fut = pin!(crate::proxy::handle(state, req));
-        let Some(resp) = c.run(fut).await else {
+        let resp = if crate::sse_front::claims(&state, req.uri().path()) {
+            // The 2024-11-05 HTTP+SSE transport's URLs; boxed, a rare path.
+            c.run(Box::pin(crate::sse_front::serve(state, req)).as_mut())
+                .await
+        } else {
+            let fut = pin!(crate::proxy::handle(state, req));
+            c.run(fut).await
+        };
+        let Some(resp) = resp else {
             return Outcome::Done;
         };
         keep_alive &= !*draining.borrow();

@@ -12,6 +12,7 @@ mod legacy;
 mod listen;
 mod notes;
 mod sse;
+mod sse_front;
 mod stdio;
 
 use serde_json::Value;

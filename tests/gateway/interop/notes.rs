@@ -23,12 +23,15 @@ fn url_backend(url: &str) -> String {
     format!("url = \"{url}\"\n")
 }
 
-/// Two TS clients (A at warning, B at debug) through `/mcp/b`, at once or one after the other;
-/// their reports.
-async fn two_clients(gw: &Gateway, at_once: bool) -> (Value, Value) {
-    let url = gw.url("/mcp/b");
+/// Two TS clients (A at warning, B at debug) through `/mcp/b`, at once or one after the other,
+/// over Streamable HTTP or (`sse`) the 2024-11-05 HTTP+SSE transport at `/mcp/b/sse`; their
+/// reports.
+async fn two_clients(gw: &Gateway, at_once: bool, sse: bool) -> (Value, Value) {
+    let url = gw.url(if sse { "/mcp/b/sse" } else { "/mcp/b" });
+    let transport = if sse { "--sse" } else { "--legacy" };
     let args = |level: &'static str, tag: &'static str| {
         [
+            transport,
             "--url",
             &url,
             "--scenario",
@@ -65,8 +68,12 @@ fn strings(v: &Value) -> Vec<String> {
 
 /// Subscriptions and per-client log lines, for a backend that can deliver both.
 async fn subscribe_and_log(backend: &str, what: &str, at_once: bool) {
+    subscribe_and_log_via(backend, what, at_once, false).await
+}
+
+async fn subscribe_and_log_via(backend: &str, what: &str, at_once: bool, sse: bool) {
     let gw = Gateway::start(&gateway_config(backend)).await;
-    let (a, b) = two_clients(&gw, at_once).await;
+    let (a, b) = two_clients(&gw, at_once, sse).await;
     for (name, r) in [("A", &a), ("B", &b)] {
         assert_eq!(
             strings(&r["updated"]),
@@ -91,6 +98,14 @@ async fn typescript_client_to_the_typescript_server_over_http() {
         ts.count("logging/setLevel").await >= 2,
         "in each client's session"
     );
+}
+
+/// The same clients over the 2024-11-05 HTTP+SSE transport in front (`sse_front`): what their
+/// sessions' GET streams carry reaches each client's one stream.
+#[tokio::test]
+async fn typescript_http_sse_clients_to_the_typescript_server() {
+    let ts = ts_server(&[]).await;
+    subscribe_and_log_via(&url_backend(&ts.url()), "typescript, sse front", true, true).await;
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //   ts_client.mjs --url http://127.0.0.1:PORT/mcp [--header 'K: V']... [--tool-prefix P] [--timeout S]
 //   ts_client.mjs [--tool-prefix P] --stdio -- CMD ARGS...
 //   (--legacy is accepted and ignored.)
+//   --sse: the 2024-11-05 HTTP+SSE transport (SSEClientTransport; --url is the GET stream's URL).
 //   ts_client.mjs --url URL --scenario notes --uri U --level L --tag T
 //     resources/subscribe U, logging/setLevel L, then tools `touch {uri: U}` and `log {tag: T}`;
 //     reports the notifications/resources/updated URIs and the log lines (`data`) it received,
@@ -17,6 +18,7 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { SSEClientTransport } from '@modelcontextprotocol/sdk/client/sse.js';
 import { LoggingMessageNotificationSchema, ResourceUpdatedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 import { parseArgs } from 'node:util';
 import { ElicitRequestSchema, CreateMessageRequestSchema, ListRootsRequestSchema } from '@modelcontextprotocol/sdk/types.js';
@@ -38,6 +40,7 @@ try {
       url: { type: 'string' },
       stdio: { type: 'boolean', default: false },
       legacy: { type: 'boolean', default: false },
+      sse: { type: 'boolean', default: false },
       header: { type: 'string', multiple: true, default: [] },
       'tool-prefix': { type: 'string', default: '' },
       timeout: { type: 'string', default: '20' },
@@ -69,7 +72,9 @@ async function scenario() {
       if (i < 0) throw new Error(`bad --header ${JSON.stringify(h)}, expected 'K: V'`);
       headers[h.slice(0, i).trim()] = h.slice(i + 1).trim();
     }
-    transport = new StreamableHTTPClientTransport(new URL(opts.url), { requestInit: { headers } });
+    transport = opts.sse
+      ? new SSEClientTransport(new URL(opts.url), { requestInit: { headers } })
+      : new StreamableHTTPClientTransport(new URL(opts.url), { requestInit: { headers } });
   }
   const input = opts.scenario === 'input';
   const capabilities = input ? { elicitation: { form: {} }, sampling: {}, roots: {} } : {};

@@ -1,0 +1,70 @@
+//! The 2024-11-05 HTTP+SSE transport in front (`GET <route>/sse`, `POST <route>/messages`),
+//! with the official SDKs' own HTTP+SSE clients: the Python SDK's `sse_client` and the
+//! TypeScript SDK 1.x `SSEClientTransport`, against an initialize-era server (TypeScript SDK)
+//! and a 2026-07-28 one (Python SDK) behind portico — the same scenario their Streamable HTTP
+//! clients run, and the server's requests during a call (elicitation, sampling, roots)
+//! relayed on the stream and answered by POST.
+
+use super::*;
+use crate::common::*;
+
+fn config(backends: &[(&str, &str)]) -> String {
+    let mut out = String::from("[log]\naccess = false\n");
+    for (name, url) in backends {
+        out.push_str(&format!(
+            "[[backends]]\nname = \"{name}\"\nurl = \"{url}\"\n"
+        ));
+    }
+    out
+}
+
+fn check_basic(v: &Value, resource: &str) {
+    assert_eq!(v["era"], "legacy", "{v}");
+    assert_eq!(v["echo"], "hi", "{v}");
+    assert_eq!(v["add"], "5", "{v}");
+    assert_eq!(v["progress_result"], "done 3", "{v}");
+    assert_eq!(v["progress_events"], 3, "{v}");
+    assert_eq!(v["resource"], resource, "{v}");
+    assert_eq!(v["prompt"], "Hello, Ada!", "{v}");
+}
+
+#[tokio::test]
+async fn sdk_http_sse_clients_reach_servers_of_both_eras() {
+    let ts = ts_server(&[]).await;
+    let py = py_server(&[]).await;
+    let gw = Gateway::start(&config(&[("ts", &ts.url()), ("py", &py.url())])).await;
+    for (route, resource) in [
+        ("/mcp/ts/sse", "hello from typescript"),
+        ("/mcp/py/sse", "hello from python"),
+    ] {
+        let url = gw.url(route);
+        let v = py_client(&["--sse", "--url", &url]).await;
+        check_basic(&v, resource);
+        let v = ts_client(&["--sse", "--url", &url]).await;
+        check_basic(&v, resource);
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn server_requests_reach_http_sse_clients_and_their_answers_come_back() {
+    let ts = ts_server(&["--input-tools"]).await;
+    let py = py_server(&["--input-tools"]).await;
+    let gw = Gateway::start(&config(&[("ts", &ts.url()), ("py", &py.url())])).await;
+    for route in ["/mcp/ts/sse", "/mcp/py/sse"] {
+        let url = gw.url(route);
+        for v in [
+            py_client(&["--sse", "--scenario", "input", "--url", &url]).await,
+            ts_client(&["--sse", "--scenario", "input", "--url", &url]).await,
+        ] {
+            assert_eq!(v["ask"], "name=octocat; sampled=Paris", "{route}: {v}");
+            assert_eq!(v["roots"], "file:///work", "{route}: {v}");
+            assert_eq!(
+                v["asked"],
+                serde_json::json!({"elicitation": 1, "sampling": 1, "roots": 1}),
+                "{route}: each callback once: {v}"
+            );
+        }
+    }
+    gw.stop().await;
+}
