@@ -15,8 +15,11 @@
 //! What is the transport's own:
 //! - **Who may post.** The stream is opened by an authenticated caller (`[auth]`, the same
 //!   checks and `Origin` rule as any request); a POST must present the session id and, under
-//!   `[auth]`, authenticate as the same principal — else 403. The session's messages go on
-//!   with the credential the stream was opened with. Session ids are 128 random bits.
+//!   `[auth]`, authenticate — against the config in force, so a revoked key stops at once — as
+//!   the same principal, else 403. Each message goes on with the credential it came with (a
+//!   refreshed token replaces the old one). Session ids are 128 random bits.
+//! - **One generation.** The session's messages are served by the config generation the stream
+//!   was opened in, as any open stream is (bounded by `max_stream_ms`).
 //! - **Bounds.** At most `[server] max_sse_sessions` open at once on a replica (503 beyond;
 //!   0 turns the transport off), each POST one message within `max_body_bytes`, a POST waits
 //!   at most [`ENQUEUE_WAIT`] for the session to take it (503), and the stream keeps
@@ -45,7 +48,7 @@ use crate::error::{BodyError, GatewayError};
 use crate::frontend;
 use crate::metrics::SseSession;
 use crate::state::State;
-use crate::stdio_front::{Caller, Input, serve_link};
+use crate::stdio_front::{Caller, Input, Post, serve_link};
 
 /// `GET <route>` + this opens a session.
 pub const OPEN_SUFFIX: &str = "/sse";
@@ -67,7 +70,7 @@ struct Link {
     route: Arc<str>,
     /// Who opened it (`None` without `[auth]`).
     principal: Option<String>,
-    posts: mpsc::Sender<Bytes>,
+    posts: mpsc::Sender<Post>,
 }
 
 /// Sessions open in this process, by id. Process-wide, not per config generation: a session
@@ -255,7 +258,11 @@ where
     if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
         return Err(GatewayError::Parse("the body is not JSON".into()));
     }
-    match tokio::time::timeout(ENQUEUE_WAIT, posts.send(body)).await {
+    let message = Post {
+        body,
+        authorization: parts.headers.get(header::AUTHORIZATION).cloned(),
+    };
+    match tokio::time::timeout(ENQUEUE_WAIT, posts.send(message)).await {
         Ok(Ok(())) => {}
         // The client closed its stream in between.
         Ok(Err(_)) => return Err(GatewayError::SessionNotFound),

@@ -317,15 +317,27 @@ pub async fn serve_stdio<R, W>(
 /// HTTP+SSE session (`sse_front`), one message each.
 pub(crate) enum Input<R> {
     Lines(LineReader<R>),
-    Posts(mpsc::Receiver<Bytes>),
+    Posts(mpsc::Receiver<Post>),
+}
+
+/// One message POSTed to an HTTP+SSE session, with the credential it came with (already
+/// authenticated as the session's principal): a client whose token was refreshed goes on with
+/// the new one.
+pub(crate) struct Post {
+    pub body: Bytes,
+    pub authorization: Option<HeaderValue>,
 }
 
 impl<R: AsyncRead + Unpin> Input<R> {
-    /// The next message; `None` at the end of input. Cancel-safe, like both sources.
-    async fn next(&mut self) -> std::io::Result<Option<Line>> {
+    /// The next message, and the credential it brings (`None`: the caller's stands); `None` at
+    /// the end of input. Cancel-safe, like both sources.
+    async fn next(&mut self) -> std::io::Result<Option<(Line, Option<HeaderValue>)>> {
         match self {
-            Input::Lines(lines) => lines.next_line().await,
-            Input::Posts(rx) => Ok(rx.recv().await.map(|b| Line::Text(b.into()))),
+            Input::Lines(lines) => Ok(lines.next_line().await?.map(|l| (l, None))),
+            Input::Posts(rx) => Ok(rx
+                .recv()
+                .await
+                .map(|p| (Line::Text(p.body.into()), p.authorization))),
         }
     }
 }
@@ -340,7 +352,7 @@ impl<R: AsyncRead + Unpin> Input<R> {
 pub(crate) async fn serve_link<R>(
     state: Arc<State>,
     path: String,
-    caller: Caller,
+    mut caller: Caller,
     max_line: usize,
     drain: Duration,
     mut input: Input<R>,
@@ -368,7 +380,10 @@ pub(crate) async fn serve_link<R>(
                 inflight.finished(task);
             }
             line = input.next(), if tasks.len() < MAX_IN_FLIGHT => match line {
-                Ok(Some(Line::Text(text))) => {
+                Ok(Some((Line::Text(text), credential))) => {
+                    if credential.is_some() {
+                        caller.authorization = credential;
+                    }
                     let mut line = LineCtx {
                         state: &state,
                         path: &path,
@@ -388,7 +403,7 @@ pub(crate) async fn serve_link<R>(
                         }
                     }
                 }
-                Ok(Some(Line::TooLong(len))) => {
+                Ok(Some((Line::TooLong(len), _))) => {
                     tracing::warn!(len, limit = max_line, "stdin line too long; skipped");
                     let err = GatewayError::InvalidRequest(format!(
                         "message of {len} bytes is longer than the {max_line}-byte line limit; skipped"
