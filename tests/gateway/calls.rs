@@ -557,6 +557,20 @@ async fn an_answer_stream_closed_early_is_resumed() {
         String::from_utf8_lossy(&r.body)
     );
     assert_eq!(m.resumed_from().len(), 6);
+    // The connection breaks in the middle of an event instead: resumed from the last whole
+    // event (the priming one), and the half event never reaches the client.
+    let broken = json!({"name":"resumable","arguments":{"break":true}});
+    let r = mcp(&url, json!(3), "tools/call", broken).await;
+    assert_eq!(
+        r.result()["result"]["content"][0]["text"],
+        "resumed",
+        "{:?}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let from = m.resumed_from();
+    assert_eq!(from.len(), 7, "{from:?}");
+    // The upstream ids are the bridge's own; the priming event is each stream's `/0`.
+    assert!(from[6].ends_with("/0"), "{from:?}");
     m.refuse_gets(1, 405);
     let r = mcp(
         &url,

@@ -256,8 +256,9 @@ const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
 /// Decodes an SSE answer into JSON-RPC messages, ending with an error item if the stream breaks,
 /// an event passes `limit` bytes or is not a JSON-RPC message, or (for a POSTed request, given
 /// as `request`) the stream ends without the response (docs/protocol.md §4) — unless it can be
-/// resumed (`resume`: an initialize-era request whose server gave its events ids), and then the
-/// messages of the resumed stream follow.
+/// resumed (`resume`: an initialize-era request whose server gave its events ids; a stream its
+/// server closed early, or whose connection broke), and then the messages of the resumed
+/// stream follow.
 pub(super) fn sse_messages(
     mut body: RelayBody,
     limit: usize,
@@ -285,7 +286,7 @@ pub(super) fn sse_messages(
         };
         loop {
             let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
-            match frame {
+            let ended = match frame {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         dec.push(&data);
@@ -309,10 +310,25 @@ pub(super) fn sse_messages(
                             }
                         }
                     }
+                    continue;
                 }
                 Some(Err(e)) => {
-                    let _ = tx.send(Err(body_error(e))).await;
-                    return;
+                    // A connection that broke (not the call's clock running out, nor bad
+                    // framing) is resumed like a stream its server closed: the event it broke
+                    // in was never dispatched, so the resumption names the one before, and the
+                    // server sends the broken one again.
+                    let broke = match body_error(e) {
+                        UpstreamError::Closed(why) if resume.is_some() && !answered => why,
+                        other => {
+                            let _ = tx.send(Err(other)).await;
+                            return;
+                        }
+                    };
+                    if request.as_deref().and_then(sniff_id).is_none() {
+                        let _ = tx.send(Err(UpstreamError::Closed(broke))).await;
+                        return;
+                    }
+                    End::Broke(broke)
                 }
                 None => {
                     if let Some(ev) = dec.finish() {
@@ -324,39 +340,50 @@ pub(super) fn sse_messages(
                     if answered || request.as_deref().and_then(sniff_id).is_none() {
                         return;
                     }
-                    if let Some(id) = dec.last_event_id() {
-                        last_id = Some(id.to_vec());
-                    }
-                    retry_ms = dec.retry_ms().or(retry_ms);
-                    let why = match (&resume, &last_id) {
-                        (Some(r), Some(id))
-                            if resumed_without_message < MAX_RESUMES_WITHOUT_MESSAGE =>
-                        {
-                            match r.reopen(&body.upstream, id, retry_ms).await {
-                                Ok(next) => {
-                                    body = next;
-                                    dec = SseDecoder::new(limit);
-                                    resumed_without_message += 1;
-                                    continue;
-                                }
-                                Err(why) => format!(", and could not be resumed: {why}"),
-                            }
-                        }
-                        (Some(_), Some(_)) => format!(
-                            ", and {MAX_RESUMES_WITHOUT_MESSAGE} resumptions in a row brought no message"
-                        ),
-                        _ => String::new(),
-                    };
-                    let _ = tx
-                        .send(Err(UpstreamError::Protocol(format!(
-                            "the SSE stream ended without a response{why}"
-                        ))))
-                        .await;
-                    return;
+                    End::Closed
                 }
+            };
+            // Owed a response and not given one: resumed when the server gave its events ids,
+            // else (or when that fails) an error naming why.
+            if let Some(id) = dec.last_event_id() {
+                last_id = Some(id.to_vec());
             }
+            retry_ms = dec.retry_ms().or(retry_ms);
+            let why = match (&resume, &last_id) {
+                (Some(r), Some(id)) if resumed_without_message < MAX_RESUMES_WITHOUT_MESSAGE => {
+                    match r.reopen(&body.upstream, id, retry_ms).await {
+                        Ok(next) => {
+                            body = next;
+                            dec = SseDecoder::new(limit);
+                            resumed_without_message += 1;
+                            continue;
+                        }
+                        Err(why) => format!(", and could not be resumed: {why}"),
+                    }
+                }
+                (Some(_), Some(_)) => format!(
+                    ", and {MAX_RESUMES_WITHOUT_MESSAGE} resumptions in a row brought no message"
+                ),
+                _ => String::new(),
+            };
+            let err = match ended {
+                End::Closed => {
+                    UpstreamError::Protocol(format!("the SSE stream ended without a response{why}"))
+                }
+                End::Broke(broke) => UpstreamError::Closed(format!("{broke}{why}")),
+            };
+            let _ = tx.send(Err(err)).await;
+            return;
         }
     })
+}
+
+/// How an answer stream ended before the response it owed.
+enum End {
+    /// Its server closed it.
+    Closed,
+    /// The connection broke (why).
+    Broke(String),
 }
 
 /// A tiny generator: runs `f` with a sender and yields what it sends. Lazily started, and the

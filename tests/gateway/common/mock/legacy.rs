@@ -231,6 +231,15 @@ pub(super) async fn legacy(
             next: 1,
         };
         state.resumable.lock().unwrap().insert(first, r);
+        if args["break"] == true {
+            // The connection breaks instead, in the middle of an event that is never finished
+            // (its `id` read, its blank line never sent).
+            events.push_str(&format!(
+                "id: {session}/{id}/half\ndata: {{\"jsonrpc\"",
+                session = session.as_deref().unwrap_or("")
+            ));
+            return broken_sse(events);
+        }
         return raw_sse(events);
     }
     if opts.subscribe_and_log {
@@ -293,6 +302,28 @@ fn resumed(state: &MockState, session: &str, r: Resumable) -> Response<Body> {
     raw_sse(format!(
         "id: {event_id}\nevent: message\ndata: {message}\n\n"
     ))
+}
+
+/// An event stream of `events` whose connection breaks after them: it declares more bytes than
+/// it sends, so the server drops the connection mid-body.
+fn broken_sse(events: String) -> Response<Body> {
+    let declared = events.len() + 64;
+    // A stream, not one buffer: its length is unknown up front, so the declared one stands.
+    // It pauses before it ends short, so what it sent is on the wire before the break.
+    let chunk = futures_util::stream::unfold(Some(events), |events| async move {
+        match events {
+            Some(e) => Some((Bytes::from(e), None)),
+            None => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                None
+            }
+        }
+    });
+    let mut r = Response::new(Body::Stream(Box::pin(chunk)));
+    let h = r.headers_mut();
+    h.insert("content-type", "text/event-stream".parse().unwrap());
+    h.insert("content-length", declared.to_string().parse().unwrap());
+    r
 }
 
 /// An event stream of exactly `events`, ended after them.
