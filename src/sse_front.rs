@@ -18,8 +18,9 @@
 //!   `[auth]`, authenticate — against the config in force, so a revoked key stops at once — as
 //!   the same principal, else 403. Each message goes on with the credential it came with (a
 //!   refreshed token replaces the old one). Session ids are 128 random bits.
-//! - **One generation.** The session's messages are served by the config generation the stream
-//!   was opened in, as any open stream is (bounded by `max_stream_ms`).
+//! - **Reloads.** Each message is served by the config generation in force when it arrives, as
+//!   an HTTP client's next request would be; the session itself (and its stream's limits) is
+//!   of the generation it was opened in.
 //! - **Bounds.** At most `[server] max_sse_sessions` open at once on a replica (503 beyond;
 //!   0 turns the transport off), each POST one message within `max_body_bytes`, a POST waits
 //!   at most [`ENQUEUE_WAIT`] for the session to take it (503), and the stream keeps
@@ -33,6 +34,7 @@
 //!
 //! A route of its own wins: `/mcp/sse` is a backend named `sse` if one is configured.
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use futures_util::Stream;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -48,7 +50,7 @@ use crate::error::{BodyError, GatewayError};
 use crate::frontend;
 use crate::metrics::SseSession;
 use crate::state::State;
-use crate::stdio_front::{Caller, Input, Post, serve_link};
+use crate::stdio_front::{Caller, Current, Input, Post, serve_link};
 
 /// `GET <route>` + this opens a session.
 pub const OPEN_SUFFIX: &str = "/sse";
@@ -111,12 +113,14 @@ pub fn claims(state: &State, path: &str) -> bool {
     (path.ends_with(OPEN_SUFFIX) || path.ends_with(POST_SUFFIX)) && split(state, path).is_some()
 }
 
-/// Serves one request to a transport URL ([`claims`]).
-pub async fn serve<B>(state: Arc<State>, req: Request<B>) -> Response<Body>
+/// Serves one request to a transport URL ([`claims`]); `shared` holds the config generation
+/// in force, which a session's messages are served by as they come.
+pub async fn serve<B>(shared: Arc<ArcSwap<State>>, req: Request<B>) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BodyError>,
 {
+    let state = shared.load_full();
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
     let result = match split(&state, path) {
@@ -124,7 +128,7 @@ where
             path: path.to_string(),
         }),
         Some((route, Url::Open)) if parts.method == Method::GET => {
-            open(&state, route, &parts.headers).await
+            open(&state, shared, route, &parts.headers).await
         }
         Some((route, Url::Post)) if parts.method == Method::POST => {
             post(&state, route, &parts, body).await
@@ -153,7 +157,8 @@ where
 /// `GET <route>/sse`: authenticates the caller, starts the session's loop and answers with its
 /// stream, whose first event names the URL to POST to.
 async fn open(
-    state: &Arc<State>,
+    state: &State,
+    shared: Arc<ArcSwap<State>>,
     route: &str,
     headers: &HeaderMap,
 ) -> Result<Response<Body>, GatewayError> {
@@ -187,13 +192,14 @@ async fn open(
     let (out, outbox) = mpsc::channel::<Bytes>(OUT_QUEUE);
     let drain = Duration::from_millis(server.drain_timeout_ms);
     let max = server.max_body_bytes;
-    let (st, path) = (state.clone(), route.to_string());
+    let path = route.to_string();
+    let current: Current = Arc::new(move || shared.load_full());
     tokio::spawn(async move {
         // The client's stream is gone once every receiver of `out` is: then nothing more is
         // read, and what is in flight gets the drain time.
         let gone = out.clone();
         let input: Input<tokio::io::Empty> = Input::Posts(inbox);
-        serve_link(st, path, caller, max, drain, input, &out, async move {
+        serve_link(current, path, caller, max, drain, input, &out, async move {
             gone.closed().await
         })
         .await;

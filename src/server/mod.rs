@@ -169,11 +169,12 @@ async fn serve_hyper<I>(
         // Each request sees one config generation, even across a hot reload.
         let state = shared.load_full();
         let busy = Busy::enter(&watched);
+        // The HTTP+SSE transport's URLs (a session outlives this generation).
+        let sse = crate::sse_front::claims(&state, req.uri().path()).then(|| shared.clone());
         async move {
-            let resp = if crate::sse_front::claims(&state, req.uri().path()) {
-                Box::pin(crate::sse_front::serve(state, req)).await
-            } else {
-                crate::proxy::handle(state, req).await
+            let resp = match sse {
+                Some(shared) => Box::pin(crate::sse_front::serve(shared, req)).await,
+                None => crate::proxy::handle(state, req).await,
             };
             Ok::<_, Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
         }

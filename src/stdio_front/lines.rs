@@ -16,7 +16,6 @@ use crate::body::Body;
 use crate::error::GatewayError;
 use crate::protocol::{self, Kind, RequestId};
 use crate::resilience::Reconnect;
-use crate::state::State;
 use crate::upstream::http::is_event_stream;
 
 /// Largest single answer message relayed as one line.
@@ -154,7 +153,8 @@ impl Events {
 /// How a legacy session's GET stream is (re)opened: the request an HTTP client of the session
 /// would send, through the pipeline.
 pub(super) struct NotesLink {
-    pub(super) state: Arc<State>,
+    /// The generation each (re)opening goes to.
+    pub(super) current: super::Current,
     pub(super) path: Arc<str>,
     pub(super) headers: HeaderMap,
 }
@@ -167,7 +167,7 @@ impl NotesLink {
         *req.uri_mut() =
             http::Uri::try_from(&*self.path).unwrap_or_else(|_| http::Uri::from_static("/"));
         *req.headers_mut() = self.headers.clone();
-        let resp = crate::proxy::handle(self.state.clone(), req).await;
+        let resp = crate::proxy::handle((self.current)(), req).await;
         if !resp.status().is_success() || !is_event_stream(resp.headers()) {
             return Err(resp.status());
         }

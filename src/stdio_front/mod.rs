@@ -302,7 +302,11 @@ pub async fn serve_stdio<R, W>(
     let (out, rx) = mpsc::channel::<Bytes>(OUT_QUEUE);
     let writer_task = tokio::spawn(write_lines(writer, rx));
     let input = Input::Lines(LineReader::new(reader, max_line));
-    serve_link(state, path, caller, max_line, drain, input, &out, shutdown).await;
+    let current: Current = Arc::new(move || state.clone());
+    serve_link(
+        current, path, caller, max_line, drain, input, &out, shutdown,
+    )
+    .await;
     drop(out);
     // The last answers go out within the drain time too: a parent that stopped reading stdout
     // must not keep portico from exiting.
@@ -312,6 +316,11 @@ pub async fn serve_stdio<R, W>(
         writer_task.abort();
     }
 }
+
+/// The config generation a link's next message is served by: `portico stdio`'s one, or the
+/// one in force now (an HTTP+SSE session outlives reloads, and each of its messages is served as
+/// an HTTP client's request arriving then would be).
+pub(crate) type Current = Arc<dyn Fn() -> Arc<State> + Send + Sync>;
 
 /// Where a link's client messages come from: stdin lines, or the bodies POSTed to a 2024-11-05
 /// HTTP+SSE session (`sse_front`), one message each.
@@ -350,7 +359,7 @@ impl<R: AsyncRead + Unpin> Input<R> {
 /// (`sse_front`) are this loop over two links.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_link<R>(
-    state: Arc<State>,
+    current: Current,
     path: String,
     mut caller: Caller,
     max_line: usize,
@@ -384,8 +393,10 @@ pub(crate) async fn serve_link<R>(
                     if credential.is_some() {
                         caller.authorization = credential;
                     }
+                    let state = current();
                     let mut line = LineCtx {
                         state: &state,
+                        current: &current,
                         path: &path,
                         out,
                         tasks: &mut tasks,
@@ -448,6 +459,7 @@ pub(crate) async fn serve_link<R>(
 /// One stdin line and what it may touch. (A struct so the helpers share the borrows.)
 struct LineCtx<'a> {
     state: &'a Arc<State>,
+    current: &'a Current,
     path: &'a str,
     out: &'a mpsc::Sender<Bytes>,
     tasks: &'a mut JoinSet<()>,
@@ -572,7 +584,7 @@ impl LineCtx<'_> {
         headers.insert(h::names::SESSION_ID, session.session_id.clone());
         headers.insert(h::names::PROTOCOL_VERSION, session.version.clone());
         let link = NotesLink {
-            state: self.state.clone(),
+            current: self.current.clone(),
             path: self.path.into(),
             headers,
         };

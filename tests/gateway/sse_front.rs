@@ -285,3 +285,98 @@ async fn a_route_of_its_own_wins_over_the_transport() {
     assert!(ok.endpoint.starts_with("/mcp/demo/messages?sessionId="));
     gw.stop().await;
 }
+
+/// A session outlives a reload, and each message is served by the config in force when it
+/// arrives, as an HTTP client's next request would be — not by the retired generation.
+#[tokio::test]
+async fn a_session_outlives_a_reload_and_follows_the_new_config() {
+    let mock = crate::common::mock::MockMcp::modern().start().await;
+    let dir = std::env::temp_dir().join(format!("portico-sse-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("portico.toml");
+    // A fixed session key: a sealed session id opens in every generation.
+    let head = "[server]\ndrain_timeout_ms = 300\n[log]\naccess = false\n[cache]\nenabled = false\n\
+                [sessions]\nkey = \"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\"\n";
+    std::fs::write(
+        &path,
+        format!("{head}[[backends]]\nname = \"a\"\nbuiltin = \"demo\"\n"),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let p = path.clone();
+    let gw = tokio::spawn(async move {
+        portico::run_with_reload(&p, listener, async {
+            let _ = stop_rx.await;
+        })
+        .await
+        .expect("gateway runs")
+    });
+    let base = format!("http://{addr}");
+    let mut s = Stream::open(&format!("{base}/mcp/a/sse"), &[]).await;
+    assert_eq!(s.status, 200);
+    let ep = format!("{base}{}", s.endpoint);
+    let post = |body: String| {
+        let ep = ep.clone();
+        async move {
+            send("POST", &ep, &[("content-type", "application/json")], body)
+                .await
+                .status
+        }
+    };
+    let list = |id: u64| json!({"jsonrpc":"2.0","id":id,"method":"tools/list"}).to_string();
+    let names = |m: &Value| -> Vec<String> {
+        m["result"]["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(post(initialize(1)).await, 202);
+    assert_eq!(s.message().await["id"], 1);
+    assert_eq!(post(list(2)).await, 202);
+    let before = s.message().await;
+    assert!(!names(&before).contains(&"slow".to_string()), "{before}");
+
+    // Backend `a` becomes another server.
+    std::fs::write(
+        &path,
+        format!(
+            "{head}[[backends]]\nname = \"a\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
+            mock.url()
+        ),
+    )
+    .unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut id = 3;
+    loop {
+        assert_eq!(post(list(id)).await, 202, "the session lives on");
+        let m = s.message().await;
+        assert_eq!(m["id"], id, "{m}");
+        if names(&m).contains(&"slow".to_string()) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the session never saw the new config: {m}"
+        );
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the old generation's retirement (its drain time), the session still answers.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let call = json!({"jsonrpc":"2.0","id":"after","method":"tools/call",
+        "params":{"name":"echo","arguments":{"text":"still here"}}});
+    assert_eq!(post(call.to_string()).await, 202);
+    let m = s.message().await;
+    assert_eq!(m["id"], "after", "{m}");
+    assert!(m.get("result").is_some(), "{m}");
+    drop(s);
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(15), gw).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -129,7 +129,7 @@ struct Conn {
 pub async fn serve(
     io: TcpStream,
     peer: SocketAddr,
-    shared: &arc_swap::ArcSwap<State>,
+    shared: &std::sync::Arc<arc_swap::ArcSwap<State>>,
     limits: Limits,
     stop: &mut watch::Receiver<bool>,
 ) -> Outcome {
@@ -176,7 +176,7 @@ pub async fn serve(
         // it by value would copy it at every hand-over.
         let resp = if crate::sse_front::claims(&state, req.uri().path()) {
             // The 2024-11-05 HTTP+SSE transport's URLs; boxed, a rare path.
-            c.run(Box::pin(crate::sse_front::serve(state, req)).as_mut())
+            c.run(Box::pin(crate::sse_front::serve(shared.clone(), req)).as_mut())
                 .await
         } else {
             let fut = pin!(crate::proxy::handle(state, req));
