@@ -7,7 +7,6 @@ use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 
 use crate::common::mcp;
 use crate::common::mock::MockMcp;
@@ -61,17 +60,8 @@ async fn hot_reload_then_drain_under_load_loses_no_request() {
     );
     std::fs::write(&path, &base).unwrap();
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let p = path.clone();
-    let gw = tokio::spawn(async move {
-        portico::run_with_reload(&p, listener, async {
-            let _ = stop_rx.await;
-        })
-        .await
-        .expect("gateway runs")
-    });
+    let mut gw = crate::common::Gateway::start_reloading(&path).await;
+    let addr = gw.addr;
     let url = |p: &str| format!("http://{addr}{p}");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -142,17 +132,14 @@ async fn hot_reload_then_drain_under_load_loses_no_request() {
         assert!(Instant::now() < deadline, "slow calls did not start");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let _ = stop_tx.send(());
+    gw.begin_stop();
     let mut drained = 0;
     for s in slow {
         assert_eq!(s.await.unwrap(), 200);
         drained += 1;
     }
     assert_eq!(drained, 8);
-    tokio::time::timeout(Duration::from_secs(15), gw)
-        .await
-        .expect("gateway stops after the drain")
-        .unwrap();
+    assert!(gw.stopped().await, "the gateway stops after the drain");
     eprintln!("reload+drain: {sent} requests under load, {drained} drained, 0 lost");
     let _ = std::fs::remove_dir_all(&dir);
 }

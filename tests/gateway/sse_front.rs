@@ -302,18 +302,8 @@ async fn a_session_outlives_a_reload_and_follows_the_new_config() {
         format!("{head}[[backends]]\nname = \"a\"\nbuiltin = \"demo\"\n"),
     )
     .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let p = path.clone();
-    let gw = tokio::spawn(async move {
-        portico::run_with_reload(&p, listener, async {
-            let _ = stop_rx.await;
-        })
-        .await
-        .expect("gateway runs")
-    });
-    let base = format!("http://{addr}");
+    let gw = Gateway::start_reloading(&path).await;
+    let base = format!("http://{}", gw.addr);
     let mut s = Stream::open(&format!("{base}/mcp/a/sse"), &[]).await;
     assert_eq!(s.status, 200);
     let ep = format!("{base}{}", s.endpoint);
@@ -376,7 +366,6 @@ async fn a_session_outlives_a_reload_and_follows_the_new_config() {
     assert_eq!(m["id"], "after", "{m}");
     assert!(m.get("result").is_some(), "{m}");
     drop(s);
-    let _ = stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(15), gw).await;
+    gw.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -70,6 +70,48 @@ impl Gateway {
         }
     }
 
+    /// Starts from the config file at `path` and reloads it when it changes, as `main` runs
+    /// the gateway (`portico::run_with_reload`).
+    pub async fn start_reloading(path: &std::path::Path) -> Gateway {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let path = path.to_path_buf();
+        let task = tokio::spawn(async move {
+            portico::run_with_reload(&path, listener, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("gateway runs");
+        });
+        Gateway {
+            addr,
+            metrics_addr: None,
+            admin_addr: None,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Starts the drain without waiting for it ([`Gateway::stopped`] waits).
+    pub fn begin_stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    /// Stops (if not asked already) and tells whether the gateway ended within 15 s.
+    pub async fn stopped(mut self) -> bool {
+        self.begin_stop();
+        match self.task.take() {
+            Some(t) => matches!(
+                tokio::time::timeout(Duration::from_secs(15), t).await,
+                Ok(Ok(()))
+            ),
+            None => true,
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }

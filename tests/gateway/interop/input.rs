@@ -16,7 +16,8 @@ fn one_backend(name: &str, url: &str) -> String {
     format!("[log]\naccess = false\n[[backends]]\nname = \"{name}\"\nurl = \"{url}\"\n")
 }
 
-fn check(v: &Value) {
+/// What the `--scenario input` clients report when every server request reached them.
+pub(super) fn check(v: &Value) {
     assert_eq!(v["ask"], "name=octocat; sampled=Paris", "{v}");
     assert_eq!(v["roots"], "file:///work", "{v}");
     assert_eq!(
