@@ -76,7 +76,7 @@ struct Link {
 }
 
 /// Sessions open in this process, by id. Process-wide, not per config generation: a session
-/// outlives a reload, as any open stream does, and keeps the generation it was opened in.
+/// outlives a reload, and its messages are served by the generation in force.
 static LINKS: LazyLock<Mutex<HashMap<String, Link>>> = LazyLock::new(Default::default);
 
 fn links() -> std::sync::MutexGuard<'static, HashMap<String, Link>> {
