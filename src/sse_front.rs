@@ -208,8 +208,8 @@ async fn open(
     let events = Events {
         first: Some(Bytes::from(endpoint)),
         outbox,
-        _open: Open(id),
         _counted: counted,
+        _open: Open(id),
     };
     let body = SseLimits::new(
         Body::Stream(Box::pin(events)),
@@ -316,8 +316,10 @@ impl Drop for Open {
 struct Events {
     first: Option<Bytes>,
     outbox: mpsc::Receiver<Bytes>,
-    _open: Open,
+    // Dropped in this order: uncounted before the id is forgotten, so once a POST finds no
+    // session the gauge has no session either.
     _counted: SseSession,
+    _open: Open,
 }
 
 impl Stream for Events {
