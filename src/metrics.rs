@@ -444,6 +444,11 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Names this instance among others in one process (a server and its reloads share one).
+    pub fn instance(&self) -> u64 {
+        self.id
+    }
+
     /// Counts an HTTP+SSE client session as open until the returned guard drops; `None` when
     /// `max` are open already. (Counted first and taken back when over: two racing opens at the
     /// limit may both be refused, never both admitted.)

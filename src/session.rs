@@ -75,6 +75,9 @@ pub struct Sessions {
     pub ttl: Duration,
     /// Seals the `requestState` of calls parked for a client's input (`bridge::input`).
     pub states: std::sync::Arc<Sealer>,
+    /// Seals the ids of HTTP+SSE client sessions with the replica holding their stream
+    /// (`sse_front`), so a POST that lands elsewhere is forwarded there.
+    pub links: Sealer,
     /// Sessions ended by `DELETE` on this replica (digest → expiry, Unix ms); the Redis tier
     /// tells the other replicas (`legacy::delete`).
     revoked: std::sync::Mutex<std::collections::HashMap<[u8; 32], u64>>,
@@ -146,10 +149,12 @@ impl Sessions {
             UnboundKey::new(&CHACHA20_POLY1305, &bytes).expect("32-byte key for ChaCha20-Poly1305"),
         );
         let states = std::sync::Arc::new(Sealer::new(&bytes, b"portico-request-state-v1"));
+        let links = Sealer::new(&bytes, b"portico-sse-session-v1");
         Sessions {
             key,
             cursor_key,
             states,
+            links,
             rng,
             ttl: Duration::from_millis(cfg.ttl_ms),
             revoked: Default::default(),

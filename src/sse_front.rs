@@ -17,7 +17,8 @@
 //!   checks and `Origin` rule as any request); a POST must present the session id and, under
 //!   `[auth]`, authenticate — against the config in force, so a revoked key stops at once — as
 //!   the same principal, else 403. Each message goes on with the credential it came with (a
-//!   refreshed token replaces the old one). Session ids are 128 random bits.
+//!   refreshed token replaces the old one). Session ids are 128 random bits (sealed with the
+//!   replica's address when it has one, below).
 //! - **Reloads.** Each message is served by the config generation in force when it arrives, as
 //!   an HTTP client's next request would be; the session itself (and its stream's limits) is
 //!   of the generation it was opened in.
@@ -28,9 +29,11 @@
 //! - **Endings.** The session ends when its client closes the stream (or `max_stream_ms` does):
 //!   its id is forgotten at once (a later POST → 404), requests in flight get
 //!   `drain_timeout_ms` to finish, and its upstream sessions are closed as idle ones are.
-//! - **Replicas.** The stream lives on the replica that opened it; a POST that lands on another
-//!   one finds no session (404). Behind several replicas the transport needs affinity by
-//!   `sessionId` (README "Scale-out"); Streamable HTTP does not.
+//! - **Replicas.** The stream lives on the replica that opened it. With `[sessions]
+//!   advertise_url` set, the session id seals that replica's address (under the shared key), and
+//!   a POST that lands on another replica is forwarded there once, with the client's own
+//!   credential (the owner authenticates it again), as a parked call's retry is; without it, a
+//!   POST elsewhere finds no session (404).
 //!
 //! A route of its own wins: `/mcp/sse` is a backend named `sse` if one is configured.
 
@@ -46,6 +49,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::body::{Body, SseLimits, sse_event, sse_response};
+use crate::bridge::FORWARDED;
 use crate::error::{BodyError, GatewayError};
 use crate::frontend;
 use crate::metrics::SseSession;
@@ -66,6 +70,8 @@ const OUT_QUEUE: usize = 256;
 /// How long a POST waits for a session whose queue is full (its loop is busy with an
 /// `initialize`, or at its in-flight limit) before it is refused with 503.
 pub const ENQUEUE_WAIT: Duration = Duration::from_secs(10);
+/// A forwarded POST's wait beyond the owner's own [`ENQUEUE_WAIT`].
+const FORWARD_SLACK: Duration = Duration::from_secs(5);
 
 /// An open session, as a POST finds it.
 struct Link {
@@ -75,11 +81,13 @@ struct Link {
     posts: mpsc::Sender<Post>,
 }
 
-/// Sessions open in this process, by id. Process-wide, not per config generation: a session
-/// outlives a reload, and its messages are served by the generation in force.
-static LINKS: LazyLock<Mutex<HashMap<String, Link>>> = LazyLock::new(Default::default);
+/// Sessions open, by server (`Metrics::instance`: one per server, kept across its reloads) and
+/// id. Not per config generation: a session outlives a reload, and its messages are served by
+/// the generation in force. Per server, so two servers in one process are two replicas.
+type Links = HashMap<(u64, String), Link>;
+static LINKS: LazyLock<Mutex<Links>> = LazyLock::new(Default::default);
 
-fn links() -> std::sync::MutexGuard<'static, HashMap<String, Link>> {
+fn links() -> std::sync::MutexGuard<'static, Links> {
     // Never held across anything that can panic; recover from poison anyway.
     LINKS.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -173,15 +181,16 @@ async fn open(
         headers.get(header::AUTHORIZATION).cloned(),
         principal.map(|p| p.id.clone()),
     );
-    let id = session_id()?;
+    let id = session_id(state)?;
     let counted = state.metrics.sse_session(server.max_sse_sessions).ok_or(
         GatewayError::TooManySseSessions {
             limit: server.max_sse_sessions,
         },
     )?;
     let (posts, inbox) = mpsc::channel(POST_QUEUE);
+    let server_id = state.metrics.instance();
     links().insert(
-        id.clone(),
+        (server_id, id.clone()),
         Link {
             route: route.into(),
             principal: caller.principal().map(str::to_owned),
@@ -209,7 +218,7 @@ async fn open(
         first: Some(Bytes::from(endpoint)),
         outbox,
         _counted: counted,
-        _open: Open(id),
+        _open: Open(server_id, id),
     };
     let body = SseLimits::new(
         Body::Stream(Box::pin(events)),
@@ -243,19 +252,22 @@ where
     } else {
         None
     };
-    let posts = {
-        let links = links();
-        let link = links
-            .get(id)
-            .filter(|l| &*l.route == route)
-            .ok_or(GatewayError::SessionNotFound)?;
-        if state.auth.enabled() && link.principal.as_deref() != principal.as_ref().map(|p| &*p.id) {
-            return Err(GatewayError::Forbidden(
-                "the session belongs to another principal".into(),
-            ));
-        }
-        link.posts.clone()
+    let found = links()
+        .get(&(state.metrics.instance(), id.to_string()))
+        .filter(|l| &*l.route == route)
+        .map(|l| (l.principal.clone(), l.posts.clone()));
+    let Some((owner, posts)) = found else {
+        // Another replica's session: forwarded there, which authenticates it again.
+        return match holder(state, id, &parts.headers) {
+            Some(replica) => forward(state, &replica, route, id, parts, body).await,
+            None => Err(GatewayError::SessionNotFound),
+        };
     };
+    if state.auth.enabled() && owner.as_deref() != principal.as_ref().map(|p| &*p.id) {
+        return Err(GatewayError::Forbidden(
+            "the session belongs to another principal".into(),
+        ));
+    }
     let clock = frontend::BodyClock::start(server);
     let body = frontend::read_body(body, &parts.headers, server.max_body_bytes, clock).await?;
     if !crate::protocol::content_type_is_json(seen.content_type.map(|v| v.as_bytes())) {
@@ -291,8 +303,21 @@ fn session_param(query: Option<&str>) -> Option<&str> {
         .filter(|v| !v.is_empty())
 }
 
+/// A new session's id: 128 random bits as hex, sealed with this replica's address when it has
+/// one (`[sessions] advertise_url`), so the other replicas know where to forward its POSTs.
+fn session_id(state: &State) -> Result<String, GatewayError> {
+    let random = random_id()?;
+    Ok(match &state.config.sessions.advertise_url {
+        Some(me) => {
+            let sealed = serde_json::json!({"r": me, "n": random}).to_string();
+            state.sessions.links.seal(sealed.as_bytes())
+        }
+        None => random,
+    })
+}
+
 /// 128 random bits as hex.
-fn session_id() -> Result<String, GatewayError> {
+fn random_id() -> Result<String, GatewayError> {
     use ring::rand::SecureRandom;
     let mut b = [0u8; 16];
     ring::rand::SystemRandom::new()
@@ -301,14 +326,90 @@ fn session_id() -> Result<String, GatewayError> {
     Ok(b.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The replica holding session `id`'s stream, when the id names another one (sealed under the
+/// shared key) and the POST was not forwarded already.
+fn holder(state: &State, id: &str, headers: &HeaderMap) -> Option<String> {
+    if headers.contains_key(FORWARDED) {
+        return None;
+    }
+    let plain = state.sessions.links.open(id)?;
+    let v: serde_json::Value = serde_json::from_slice(&plain).ok()?;
+    let replica = v["r"].as_str()?;
+    (state.config.sessions.advertise_url.as_deref() != Some(replica)).then(|| replica.to_string())
+}
+
+/// Forwards a POST to the replica holding its session's stream, once (marked [`FORWARDED`]),
+/// with the client's credential and content type, and answers as that replica answered.
+async fn forward<B>(
+    state: &State,
+    replica: &str,
+    route: &str,
+    id: &str,
+    parts: &http::request::Parts,
+    body: B,
+) -> Result<Response<Body>, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BodyError>,
+{
+    let server = &state.config.server;
+    let clock = frontend::BodyClock::start(server);
+    let body = frontend::read_body(body, &parts.headers, server.max_body_bytes, clock).await?;
+    let url = format!(
+        "{}{route}{POST_SUFFIX}?{SESSION_PARAM}={id}",
+        replica.trim_end_matches('/')
+    );
+    let unreachable = |why: String| GatewayError::BackendFailed {
+        backend: replica.to_string(),
+        detail: format!("forwarding a message to the replica holding its HTTP+SSE session: {why}"),
+    };
+    let cfg: crate::config::BackendConfig =
+        serde_json::from_value(serde_json::json!({"name": "sse-forward", "url": url}))
+            .map_err(|e| unreachable(e.to_string()))?;
+    let peer = crate::upstream::http::HttpUpstream::new(&cfg, &url).map_err(unreachable)?;
+    let mut extra = vec![(
+        http::HeaderName::from_static(FORWARDED),
+        HeaderValue::from_static("1"),
+    )];
+    for name in [header::AUTHORIZATION, header::CONTENT_TYPE] {
+        if let Some(v) = parts.headers.get(&name) {
+            extra.push((name, v.clone()));
+        }
+    }
+    tracing::debug!(
+        replica,
+        "HTTP+SSE transport: message forwarded to the session's replica"
+    );
+    let req = peer.request(&HeaderMap::new(), &extra, body);
+    let deadline = tokio::time::Instant::now() + ENQUEUE_WAIT + FORWARD_SLACK;
+    let reply = Arc::new(peer)
+        .call(req, deadline)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let answer = match reply.messages {
+        crate::upstream::MessageStream::One(m) => m,
+        _ => Bytes::new(),
+    };
+    let mut resp = Response::new(if answer.is_empty() {
+        Body::Empty
+    } else {
+        Body::full(answer)
+    });
+    *resp.status_mut() = reply.status;
+    if let Some(ct) = reply.headers.get(header::CONTENT_TYPE) {
+        resp.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+    }
+    Ok(resp)
+}
+
 /// Forgets the session when its stream is dropped: the id stops taking POSTs at once, and the
 /// loop's input ends with the last sender.
-struct Open(String);
+struct Open(u64, String);
 
 impl Drop for Open {
     fn drop(&mut self) {
-        links().remove(&self.0);
-        tracing::info!(session = %self.0, "HTTP+SSE transport: session closed");
+        links().remove(&(self.0, self.1.clone()));
+        tracing::info!(session = %self.1, "HTTP+SSE transport: session closed");
     }
 }
 
@@ -344,8 +445,8 @@ mod tests {
         assert_eq!(session_param(Some("sessionIdx=1")), None);
         assert_eq!(session_param(Some("sessionId=")), None);
         assert_eq!(session_param(None), None);
-        let id = session_id().unwrap();
+        let id = random_id().unwrap();
         assert_eq!(id.len(), 32);
-        assert_ne!(id, session_id().unwrap());
+        assert_ne!(id, random_id().unwrap());
     }
 }

@@ -56,6 +56,7 @@ mod probe;
 mod session;
 mod translate;
 
+pub use input::FORWARDED;
 pub use input::forget as forget_input;
 pub use input::{InputSide, answer as answer_input, capability_for, expect as expect_input};
 pub use listen::{LISTEN_LIFETIME, set_client_level, to_client};

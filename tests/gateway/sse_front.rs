@@ -369,3 +369,75 @@ async fn a_session_outlives_a_reload_and_follows_the_new_config() {
     gw.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Behind several replicas with `[sessions] advertise_url`: the session id names the replica
+/// holding the stream, and a POST that lands on another one is forwarded there once — the
+/// answer still comes on the stream. A forwarded POST is never forwarded again, and an id that
+/// was tampered with names nobody.
+#[tokio::test]
+async fn a_post_that_lands_on_another_replica_is_forwarded_to_the_stream() {
+    let (la, lb) = (
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    );
+    let cfg = |me: std::net::SocketAddr| {
+        format!(
+            "[log]\naccess = false\n[sessions]\n\
+             key = \"fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210\"\n\
+             advertise_url = \"http://{me}\"\n[[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n"
+        )
+    };
+    let a = Gateway::start_on(&cfg(la.local_addr().unwrap()), la).await;
+    let b = Gateway::start_on(&cfg(lb.local_addr().unwrap()), lb).await;
+    let mut s = Stream::open(&a.url("/mcp/demo/sse"), &[]).await;
+    assert_eq!(s.status, 200);
+    let ep = s.endpoint.clone();
+    let id = ep
+        .strip_prefix("/mcp/demo/messages?sessionId=")
+        .unwrap()
+        .to_string();
+    assert!(
+        id.len() > 32,
+        "the id is sealed with the replica's address: {id}"
+    );
+
+    // Every message through the other replica; every answer on the stream at `a`.
+    assert_eq!(post(&b, &ep, &initialize(1), &[]).await.status, 202);
+    assert_eq!(s.message().await["id"], 1);
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+        "params":{"name":"echo","arguments":{"text":"via b"}}});
+    assert_eq!(post(&b, &ep, &call.to_string(), &[]).await.status, 202);
+    let m = s.message().await;
+    assert_eq!(m["result"]["content"][0]["text"], "via b", "{m}");
+    // The owner's refusals come back as it gave them.
+    let bad = post(&b, &ep, "not json", &[]).await;
+    assert_eq!((bad.status, bad.code()), (400, -32700), "{:?}", bad.body);
+
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let marked = post(&b, &ep, note, &[("portico-forwarded", "1")]).await;
+    assert_eq!(
+        marked.status, 404,
+        "a forwarded POST is not forwarded again"
+    );
+    let mut tampered = id.clone().into_bytes();
+    tampered[20] = if tampered[20] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(tampered).unwrap();
+    let forged = post(
+        &b,
+        &format!("/mcp/demo/messages?sessionId={tampered}"),
+        note,
+        &[],
+    )
+    .await;
+    assert_eq!(forged.status, 404);
+
+    // The stream goes: the owner says so, through the other replica too.
+    drop(s);
+    let end = Instant::now() + Duration::from_secs(5);
+    while post(&b, &ep, note, &[]).await.status != 404 {
+        assert!(Instant::now() < end, "the session outlived its stream");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.stop().await;
+    b.stop().await;
+}
