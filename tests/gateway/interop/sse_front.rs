@@ -18,12 +18,24 @@ fn config(backends: &[(&str, &str)]) -> String {
     out
 }
 
-fn check_basic(v: &Value, resource: &str) {
+/// `all_progress`: whether the client must have seen all three progress notifications. The
+/// TypeScript SDK 1.x may miss the last one over HTTP+SSE: its `Protocol` runs notification
+/// handlers in a microtask but handles a response at once (dropping the request's progress
+/// handler), and its `SSEClientTransport` (the `eventsource` package) dispatches every event of
+/// one read synchronously — so a progress notification that arrives in the same read as the
+/// response is dropped by the client, in the order portico sent them. (Its Streamable HTTP
+/// transport awaits between events, so `interop::legacy` counts three there.)
+fn check_basic(v: &Value, resource: &str, all_progress: bool) {
     assert_eq!(v["era"], "legacy", "{v}");
     assert_eq!(v["echo"], "hi", "{v}");
     assert_eq!(v["add"], "5", "{v}");
     assert_eq!(v["progress_result"], "done 3", "{v}");
-    assert_eq!(v["progress_events"], 3, "{v}");
+    let seen = v["progress_events"].as_u64().unwrap_or(0);
+    if all_progress {
+        assert_eq!(seen, 3, "{v}");
+    } else {
+        assert!((2..=3).contains(&seen), "{v}");
+    }
     assert_eq!(v["resource"], resource, "{v}");
     assert_eq!(v["prompt"], "Hello, Ada!", "{v}");
 }
@@ -39,9 +51,9 @@ async fn sdk_http_sse_clients_reach_servers_of_both_eras() {
     ] {
         let url = gw.url(route);
         let v = py_client(&["--sse", "--url", &url]).await;
-        check_basic(&v, resource);
+        check_basic(&v, resource, true);
         let v = ts_client(&["--sse", "--url", &url]).await;
-        check_basic(&v, resource);
+        check_basic(&v, resource, false);
     }
     gw.stop().await;
 }
