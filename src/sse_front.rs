@@ -252,6 +252,8 @@ where
     } else {
         None
     };
+    let clock = frontend::BodyClock::start(server);
+    let body = frontend::read_body(body, &parts.headers, server.max_body_bytes, clock).await?;
     let found = links()
         .get(&(state.metrics.instance(), id.to_string()))
         .filter(|l| &*l.route == route)
@@ -259,7 +261,7 @@ where
     let Some((owner, posts)) = found else {
         // Another replica's session: forwarded there, which authenticates it again.
         return match holder(state, id, &parts.headers) {
-            Some(replica) => forward(state, &replica, route, id, parts, body).await,
+            Some(replica) => forward(&replica, route, id, parts, body).await,
             None => Err(GatewayError::SessionNotFound),
         };
     };
@@ -268,8 +270,6 @@ where
             "the session belongs to another principal".into(),
         ));
     }
-    let clock = frontend::BodyClock::start(server);
-    let body = frontend::read_body(body, &parts.headers, server.max_body_bytes, clock).await?;
     if !crate::protocol::content_type_is_json(seen.content_type.map(|v| v.as_bytes())) {
         return Err(GatewayError::UnsupportedMediaType);
     }
@@ -340,21 +340,13 @@ fn holder(state: &State, id: &str, headers: &HeaderMap) -> Option<String> {
 
 /// Forwards a POST to the replica holding its session's stream, once (marked [`FORWARDED`]),
 /// with the client's credential and content type, and answers as that replica answered.
-async fn forward<B>(
-    state: &State,
+async fn forward(
     replica: &str,
     route: &str,
     id: &str,
     parts: &http::request::Parts,
-    body: B,
-) -> Result<Response<Body>, GatewayError>
-where
-    B: http_body::Body<Data = Bytes>,
-    B::Error: Into<BodyError>,
-{
-    let server = &state.config.server;
-    let clock = frontend::BodyClock::start(server);
-    let body = frontend::read_body(body, &parts.headers, server.max_body_bytes, clock).await?;
+    body: Bytes,
+) -> Result<Response<Body>, GatewayError> {
     let url = format!(
         "{}{route}{POST_SUFFIX}?{SESSION_PARAM}={id}",
         replica.trim_end_matches('/')
