@@ -93,7 +93,7 @@ fn links() -> std::sync::MutexGuard<'static, Links> {
 }
 
 /// Which of the transport's two URLs a path is.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy)]
 enum Url {
     Open,
     Post,
@@ -147,8 +147,9 @@ where
         Ok(resp) => resp,
         Err(e) => {
             tracing::info!(path, method = %parts.method, error = %e, "HTTP+SSE transport: refused");
-            let mut resp = e.clone().into_response(None);
-            if matches!(e, GatewayError::MethodNotAllowed) {
+            let not_allowed = matches!(e, GatewayError::MethodNotAllowed);
+            let mut resp = e.into_response(None);
+            if not_allowed {
                 let allow = if path.ends_with(OPEN_SUFFIX) {
                     "GET"
                 } else {
