@@ -35,6 +35,13 @@ pub struct PeerAddr(pub std::net::SocketAddr);
 #[derive(Debug, Clone, Copy)]
 pub struct BuiltByPortico;
 
+/// Marks a request made by portico's in-process fronts (`portico stdio`, an HTTP+SSE
+/// session): it has no connection of its own that could break under its answer, so an
+/// initialize-era client's SSE answer is not held for a resume (`legacy`). A request
+/// extension: no header can claim it.
+#[derive(Debug, Clone, Copy)]
+pub struct InProcess;
+
 /// Which protocol era a request belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Era {

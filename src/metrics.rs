@@ -170,6 +170,8 @@ pub struct Metrics {
     tool_calls: IntCounterVec,
     tool_duration: HistogramVec,
     listen_streams: IntGaugeVec,
+    held_streams: IntGauge,
+    stream_resumes: IntCounterVec,
 }
 
 /// Counts one open notification stream (a `subscriptions/listen` answer, or an initialize-era
@@ -177,6 +179,16 @@ pub struct Metrics {
 pub struct ListenStream(IntGauge);
 
 impl Drop for ListenStream {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Counts one initialize-era client's SSE stream held for resumption until it drops
+/// (`legacy::resume`).
+pub struct HeldStream(IntGauge);
+
+impl Drop for HeldStream {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -371,6 +383,22 @@ impl Metrics {
              streams and resource subscriptions), by endpoint.",
             &["endpoint"],
         );
+        let held_streams = IntGauge::new(
+            "portico_resumable_streams",
+            "Initialize-era clients' SSE streams held so that a GET with Last-Event-ID can take \
+             them up again (with or without a connection reading them).",
+        )
+        .expect("static metric definition");
+        let stream_resumes = counter_vec(
+            "portico_stream_resumes_total",
+            "GETs with Last-Event-ID from initialize-era clients, by outcome (resumed, or \
+             unknown: no such stream held here).",
+            &["outcome"],
+        );
+        // Both series from the start: a rate over a series that appears late misses its first.
+        for outcome in ["resumed", "unknown"] {
+            stream_resumes.with_label_values(&[outcome]);
+        }
         // Both series exist from the start, so dashboards and alerts see 0, not "no data".
         for result in ["ok", "invalid"] {
             reloads.with_label_values(&[result]);
@@ -391,6 +419,8 @@ impl Metrics {
             Box::new(tool_calls.clone()),
             Box::new(tool_duration.clone()),
             Box::new(listen_streams.clone()),
+            Box::new(held_streams.clone()),
+            Box::new(stream_resumes.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -411,7 +441,20 @@ impl Metrics {
             tool_calls,
             tool_duration,
             listen_streams,
+            held_streams,
+            stream_resumes,
         }
+    }
+
+    /// Counts an initialize-era client's SSE stream as held (resumable) until the guard drops.
+    pub fn held_stream(&self) -> HeldStream {
+        self.held_streams.inc();
+        HeldStream(self.held_streams.clone())
+    }
+
+    /// A `GET` with `Last-Event-ID`: `outcome` is `resumed`, or `unknown` (no such stream here).
+    pub fn stream_resume(&self, outcome: &'static str) {
+        self.stream_resumes.with_label_values(&[outcome]).inc();
     }
 
     /// Counts a notification stream of `endpoint` (a config name) as open until the guard drops.

@@ -124,6 +124,7 @@ where
         Method::GET => {
             frontend::check_origin(&seen, &state.config.server.allowed_origins)?;
             ctx.era = Some(frontend::Era::Legacy);
+            ctx.remote = parts.extensions.get::<frontend::InProcess>().is_none();
             return Box::pin(legacy::get(
                 state,
                 state.clone(),
@@ -163,6 +164,7 @@ where
             Box::pin(aggregate::serve(state, ctx, ep, &parts.headers, head, body)).await
         }
         (Era::Legacy, route) => {
+            ctx.remote = parts.extensions.get::<frontend::InProcess>().is_none();
             Box::pin(legacy::serve(
                 state,
                 state.clone(),

@@ -324,7 +324,7 @@ mod tests {
         Sessions::new(&SessionsConfig {
             key: Some(key.into()),
             ttl_ms: 60_000,
-            advertise_url: None,
+            ..SessionsConfig::default()
         })
     }
 

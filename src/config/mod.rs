@@ -31,6 +31,10 @@ pub const DEFAULT_SSE_KEEPALIVE_MS: u64 = 15_000;
 /// holds a stream and a task for as long as its client stays.
 pub const DEFAULT_MAX_SSE_SESSIONS: usize = 1024;
 pub const DEFAULT_SESSION_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// How long an initialize-era client's SSE stream outlives its connection, waiting for the
+/// client's `GET` with `Last-Event-ID`: the SDKs reconnect within a few seconds (their
+/// `retry`, 1 s by default, and a short backoff).
+pub const DEFAULT_RESUME_MS: u64 = 30_000;
 pub const DEFAULT_CACHE_MAX_TTL_MS: u64 = 5 * 60 * 1000;
 pub const DEFAULT_CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
 pub const DEFAULT_STALE_IF_ERROR_MS: u64 = 0;
@@ -317,6 +321,11 @@ pub struct SessionsConfig {
     /// refused with `-32602` (README "Scale-out"). `${ENV}` expanded (an unset variable is an
     /// error), so each replica can name its own address.
     pub advertise_url: Option<String>,
+    /// How long an initialize-era client's SSE stream (a request's answer stream, its GET
+    /// stream) is kept after its connection drops, for a `GET` with `Last-Event-ID` to take it
+    /// up again; its events carry ids. 0: no ids, and a dropped connection drops the stream.
+    #[serde(default = "default_resume_ms")]
+    pub resume_ms: u64,
 }
 
 impl Default for SessionsConfig {
@@ -325,6 +334,7 @@ impl Default for SessionsConfig {
             key: None,
             ttl_ms: DEFAULT_SESSION_TTL_MS,
             advertise_url: None,
+            resume_ms: DEFAULT_RESUME_MS,
         }
     }
 }
@@ -748,6 +758,7 @@ default_fns! {
     default_true: bool = true;
     default_level: String = DEFAULT_LOG_LEVEL.to_string();
     default_session_ttl_ms: u64 = DEFAULT_SESSION_TTL_MS;
+    default_resume_ms: u64 = DEFAULT_RESUME_MS;
     default_cache_max_ttl_ms: u64 = DEFAULT_CACHE_MAX_TTL_MS;
     default_cache_max_bytes: u64 = DEFAULT_CACHE_MAX_BYTES;
     default_stale_if_error_ms: u64 = DEFAULT_STALE_IF_ERROR_MS;

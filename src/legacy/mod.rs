@@ -22,6 +22,7 @@
 
 mod batch;
 mod notes;
+mod resume;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -31,7 +32,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use crate::backend::Backend;
-use crate::body::{Body, json_response, render};
+use crate::body::{Body, json_response, render, sse_response};
 use crate::bridge;
 use crate::error::GatewayError;
 use crate::frontend::{self, Head};
@@ -126,8 +127,28 @@ pub async fn get(
     let owner = owner_of(sid, &session);
     ctx.client = Some(owner.clone());
     ctx.method = Some("GET stream".into());
+    if let Some(last) = headers.get(h::LAST_EVENT_ID)
+        && core.config.sessions.resume_ms > 0
+        && ctx.remote
+        && let Some(last) = resume::EventId::parse(last.as_bytes())
+    {
+        match resume::resume(&core.metrics, &owner.key, &last) {
+            resume::Resumed::Stream(events) => {
+                return Ok(sse_response(Body::Stream(events)));
+            }
+            resume::Resumed::Unknown if last.kind == resume::Kind::Answer => {
+                return Err(GatewayError::BadRequest(format!(
+                    "the answer stream of event {} cannot be resumed: it ended over \
+                     sessions.resume_ms ago, or is held by another replica; re-issue the request",
+                    String::from_utf8_lossy(headers[h::LAST_EVENT_ID].as_bytes())
+                )));
+            }
+            // The GET stream is opened anew: what it carried meanwhile is lost.
+            resume::Resumed::Unknown => {}
+        }
+    }
     let revocation = revocation_key(sid, &session);
-    notes::get_stream(
+    let resp = notes::get_stream(
         core,
         &generation,
         ctx,
@@ -137,7 +158,8 @@ pub async fn get(
         &session,
         revocation,
     )
-    .await
+    .await?;
+    Ok(resumable(core, ctx, &session, resume::Kind::Get, resp))
 }
 
 /// The session `sid` names, when it opens for this caller on this endpoint and has not been
@@ -308,13 +330,45 @@ async fn in_session(
         deadline,
         shape: legacy_message,
     };
-    Ok(render(
+    let resp = render(
         relay::answer(reply, call),
         Some(&id),
         &route.name(),
         timeout_ms,
     )
-    .await)
+    .await;
+    Ok(resumable(core, ctx, session, resume::Kind::Answer, resp))
+}
+
+/// An SSE response to an initialize-era client over the network, as a stream it can resume
+/// with `Last-Event-ID` ([`resume`]; off with `[sessions] resume_ms = 0`). Messages of
+/// portico's in-process fronts (`portico stdio`, an HTTP+SSE session) have no connection to
+/// lose.
+fn resumable(
+    core: &Core,
+    ctx: &RequestCtx,
+    session: &SessionData,
+    kind: resume::Kind,
+    resp: Response<Body>,
+) -> Response<Body> {
+    let window = core.config.sessions.resume_ms;
+    let Some(owner) = ctx.client.as_ref().filter(|_| window > 0 && ctx.remote) else {
+        return resp;
+    };
+    let (parts, body) = resp.into_parts();
+    let Body::Stream(events) = body else {
+        return Response::from_parts(parts, body);
+    };
+    let how = resume::Hold {
+        metrics: &core.metrics,
+        owner: owner.key,
+        kind,
+        window: std::time::Duration::from_millis(window),
+        // Revisions are dates: the priming event is understood from 2025-11-25 on.
+        priming: session.v.as_str() >= "2025-11-25",
+    };
+    let events = resume::hold(how, events).unwrap_or_else(|events| events);
+    Response::from_parts(parts, Body::Stream(events))
 }
 
 /// The backends a route reaches (one, or an endpoint's members).

@@ -44,6 +44,8 @@ pub mod header {
     pub const NAME: &str = "mcp-name";
     pub const SESSION_ID: &str = "mcp-session-id";
     pub const PARAM_PREFIX: &str = "mcp-param-";
+    /// What an initialize-era client resuming an SSE stream names (the last event it saw).
+    pub const LAST_EVENT_ID: &str = "last-event-id";
     /// The `Accept` of a Streamable HTTP client's POST: it takes either form of answer.
     pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 

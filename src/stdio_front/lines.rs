@@ -163,6 +163,7 @@ impl NotesLink {
     /// The stream's body, or the status it was refused with.
     pub(super) async fn open(&self) -> Result<Body, http::StatusCode> {
         let mut req = Request::new(Full::new(Bytes::new()));
+        req.extensions_mut().insert(crate::frontend::InProcess);
         *req.method_mut() = Method::GET;
         *req.uri_mut() =
             http::Uri::try_from(&*self.path).unwrap_or_else(|_| http::Uri::from_static("/"));

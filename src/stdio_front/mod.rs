@@ -673,6 +673,8 @@ fn request(
     let mut req = Request::new(Full::new(body));
     if session.is_none() {
         req.extensions_mut().insert(frontend::BuiltByPortico);
+    } else {
+        req.extensions_mut().insert(frontend::InProcess);
     }
     *req.method_mut() = Method::POST;
     *req.uri_mut() = http::Uri::try_from(path).unwrap_or_else(|_| http::Uri::from_static("/"));

@@ -66,6 +66,10 @@ pub struct RequestCtx {
     /// portico wrote this 2026-07-28 request on a client's behalf (`portico stdio`), so it also
     /// builds the headers such a client would (`Mcp-Param-*`, `params::param_headers`).
     pub built_by_portico: bool,
+    /// An initialize-era client's request came over a connection of its own, not from
+    /// portico's in-process fronts (`frontend::InProcess`): only then can a connection break
+    /// under its SSE answer, which is then held for a resume (`legacy`).
+    pub remote: bool,
     /// An initialize-era client's session (set by `legacy`): whose upstream sessions the
     /// request uses and which calls its cancel may reach. `None`: a 2026-07-28 client, whose
     /// owner is its authorization context and declared capabilities.
@@ -99,6 +103,7 @@ impl RequestCtx {
             answered: None,
             rate_charged: false,
             built_by_portico: false,
+            remote: false,
             client: None,
         }
     }

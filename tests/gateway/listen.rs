@@ -18,10 +18,13 @@ const STDIO_MOCK: &str = concat!(
 );
 
 /// One backend `b` (given as its TOML lines) with a short `timeout_ms`, frequent keep-alives,
-/// metrics on and the cache off (the cache's own change streams would be listeners too).
+/// metrics on and the cache off (the cache's own change streams would be listeners too). A
+/// legacy client's dropped GET stream is held for a resume only 200 ms (`resume_ms`), after
+/// which its upstream listen closes.
 pub(crate) fn config(backend: &str) -> String {
     format!(
         "[server]\nsse_keepalive_ms = 150\n[metrics]\n[log]\naccess = false\n[cache]\nenabled = false\n\
+         [sessions]\nresume_ms = 200\n\
          [[backends]]\nname = \"b\"\ntimeout_ms = 600\n{backend}\n"
     )
 }

@@ -21,6 +21,7 @@ mod listen;
 mod observe;
 mod redis;
 mod reliability;
+mod resume;
 mod security;
 mod server_h1;
 mod sessions;

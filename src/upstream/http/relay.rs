@@ -251,7 +251,7 @@ fn heard(resume: &mut Option<Resume>, resumed_without_message: &mut u32) {
 }
 
 /// The header a client resuming an event stream names its last event in.
-const LAST_EVENT_ID: HeaderName = HeaderName::from_static("last-event-id");
+const LAST_EVENT_ID: HeaderName = HeaderName::from_static(crate::protocol::header::LAST_EVENT_ID);
 
 /// Decodes an SSE answer into JSON-RPC messages, ending with an error item if the stream breaks,
 /// an event passes `limit` bytes or is not a JSON-RPC message, or (for a POSTed request, given

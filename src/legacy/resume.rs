@@ -1,0 +1,580 @@
+//! Resumable SSE streams for initialize-era clients (docs/protocol.md §7, "Resumability").
+//!
+//! In those revisions disconnecting is not cancelling, and a client that lost a stream may
+//! take it up again with a `GET` carrying `Last-Event-ID`. So a legacy client's SSE answer
+//! stream and its GET stream are not driven by its connection: a task of their own ([`pump`])
+//! reads the messages, numbers each event (`id: <kind><token>-<seq>`) and keeps it; the
+//! connection only reads what the task kept ([`Reader`]). When the connection drops, the task
+//! goes on — the call still runs, the listen still hears — and a `GET` in the same session
+//! naming one of the stream's ids gets everything after that event, then the rest as it comes.
+//! A newer reader takes the stream over from an older one (the client knows which connection
+//! it still reads; portico may not have noticed the old one break yet).
+//!
+//! Bounds: nobody reading for `[sessions] resume_ms` ends the stream, which drops what it
+//! carried (the upstream call is cancelled, the listen closed) as a closed connection did
+//! before; an ended stream is kept that long after its last reader left (the final event may
+//! have been lost with the connection). At most [`MAX_UNSENT`] events wait for a reader (then
+//! the task stops reading: the backpressure reaches the upstream), and of those already handed
+//! to a connection the last [`KEEP_SENT`] (at most [`KEEP_SENT_BYTES`]) are kept for a resume.
+//! [`MAX_HELD`] streams per process; past it a stream is served as before, bound to its
+//! connection and without ids.
+//!
+//! Sessions of 2025-11-25 get the priming event first (an id with empty data), after which
+//! their SDKs resume whatever ends the connection; older revisions mishandle it
+//! (docs/protocol.md §7) and get ids on their messages only.
+//!
+//! Held per replica and per server (`Metrics::instance`, like the HTTP+SSE sessions): a
+//! resume that lands on another replica finds nothing (README "Scale-out").
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::metrics::{HeldStream, Metrics};
+use crate::pool::OwnerKey;
+
+/// Events that may wait for a reader before the stream stops reading its source.
+pub const MAX_UNSENT: usize = 128;
+/// Events already handed to a connection that are kept for a client resuming before them.
+pub const KEEP_SENT: usize = 64;
+/// ... and at most this many bytes of them.
+pub const KEEP_SENT_BYTES: usize = 256 * 1024;
+/// Streams held at once in a process.
+pub const MAX_HELD: usize = 10_000;
+/// How long a stream a connection read to its end is kept (`resume_ms` at most): its last
+/// event may still have been lost with the connection, but a client that lost it reconnects
+/// within its `retry` (1 s in both SDKs), and a busy session's finished answers should not
+/// fill [`MAX_HELD`].
+pub const READ_TO_END_KEEP: Duration = Duration::from_secs(5);
+
+/// Which stream a resume names: a request's answer, or the session's GET stream. A GET stream
+/// that cannot be resumed is simply opened again; an answer that cannot is lost to the client.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Answer,
+    Get,
+}
+
+impl Kind {
+    fn letter(self) -> u8 {
+        match self {
+            Kind::Answer => b'a',
+            Kind::Get => b'g',
+        }
+    }
+}
+
+/// A `Last-Event-ID` portico could have written.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EventId {
+    pub kind: Kind,
+    token: u64,
+    seq: u64,
+}
+
+impl EventId {
+    /// `<a|g><16 hex>-<seq>`; anything else is no id of portico's.
+    pub fn parse(v: &[u8]) -> Option<EventId> {
+        let (&letter, rest) = v.split_first()?;
+        let kind = match letter {
+            b'a' => Kind::Answer,
+            b'g' => Kind::Get,
+            _ => return None,
+        };
+        let (token, seq) = rest.split_at_checked(16)?;
+        let seq = seq.strip_prefix(b"-")?;
+        let token = u64::from_str_radix(std::str::from_utf8(token).ok()?, 16).ok()?;
+        if seq.is_empty() || seq.len() > 19 || !seq.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let seq = std::str::from_utf8(seq).ok()?.parse().ok()?;
+        Some(EventId { kind, token, seq })
+    }
+}
+
+/// What a new stream needs to know.
+pub struct Hold<'a> {
+    pub metrics: &'a Metrics,
+    /// The session it belongs to: only that session may resume it.
+    pub owner: OwnerKey,
+    pub kind: Kind,
+    /// `[sessions] resume_ms`.
+    pub window: Duration,
+    /// Send the priming event first (a 2025-11-25 session).
+    pub priming: bool,
+}
+
+/// One held stream.
+struct Held {
+    owner: OwnerKey,
+    kind: Kind,
+    token: u64,
+    buf: Mutex<Buf>,
+    /// Bumped on every change (an event kept, the end, a reader come or gone).
+    changed: watch::Sender<()>,
+}
+
+struct Buf {
+    /// Framed events, `first` the sequence number of the front one.
+    events: VecDeque<Bytes>,
+    first: u64,
+    /// Events before this number were handed to a connection.
+    sent: u64,
+    ended: bool,
+    /// A connection read the ended stream to its last event.
+    read_to_end: bool,
+    /// The reader that may read (0: none).
+    reader: u64,
+    readers: u64,
+    /// When the last reader left (or the stream began).
+    idle_since: Instant,
+}
+
+impl Held {
+    fn buf(&self) -> MutexGuard<'_, Buf> {
+        // Never held across anything that can panic; recover from poison anyway.
+        self.buf.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn frame(&self, seq: u64, event: &[u8]) -> Bytes {
+        let mut out = BytesMut::with_capacity(event.len() + 32);
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(&[self.kind.letter()]);
+        out.extend_from_slice(format!("{:016x}-{seq}\n", self.token).as_bytes());
+        out.extend_from_slice(event);
+        out.freeze()
+    }
+
+    /// A new reader from `after` on (the id the client saw last; `None`: from the start).
+    fn attach(self: &Arc<Held>, after: Option<u64>) -> Reader {
+        let me = {
+            let mut b = self.buf();
+            b.readers += 1;
+            b.reader = b.readers;
+            b.reader
+        };
+        self.changed.send_replace(());
+        Reader {
+            held: self.clone(),
+            me,
+            next: after.map_or(0, |s| s.saturating_add(1)),
+            rx: self.changed.subscribe(),
+        }
+    }
+}
+
+type Key = (u64, u64);
+static HELD: LazyLock<Mutex<HashMap<Key, Arc<Held>>>> = LazyLock::new(Default::default);
+
+fn registry() -> MutexGuard<'static, HashMap<Key, Arc<Held>>> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `events` (whole SSE events, as `sse_event` writes them) as a resumable stream: the body the
+/// connection reads. `None` when [`MAX_HELD`] streams are held (the caller serves `events`
+/// as before) — `events` is then given back.
+pub fn hold(
+    how: Hold<'_>,
+    events: BoxStream<'static, Bytes>,
+) -> Result<BoxStream<'static, Bytes>, BoxStream<'static, Bytes>> {
+    let Some(token) = random_token() else {
+        return Err(events);
+    };
+    let key = (how.metrics.instance(), token);
+    let held = Arc::new(Held {
+        owner: how.owner,
+        kind: how.kind,
+        token,
+        buf: Mutex::new(Buf {
+            events: VecDeque::new(),
+            first: 0,
+            sent: 0,
+            ended: false,
+            read_to_end: false,
+            reader: 0,
+            readers: 0,
+            idle_since: Instant::now(),
+        }),
+        changed: watch::channel(()).0,
+    });
+    {
+        let mut map = registry();
+        if map.len() >= MAX_HELD || map.contains_key(&key) {
+            return Err(events);
+        }
+        map.insert(key, held.clone());
+    }
+    let source = if how.priming {
+        // The priming event: an id, no data (SEP-1699).
+        futures_util::stream::once(async { Bytes::from_static(b"data: \n\n") })
+            .chain(events)
+            .boxed()
+    } else {
+        events
+    };
+    let reader = held.attach(None);
+    tokio::spawn(pump(
+        key,
+        held,
+        source,
+        how.window,
+        how.metrics.held_stream(),
+    ));
+    Ok(reader.into_stream())
+}
+
+/// What a `GET` with `Last-Event-ID` gets.
+pub enum Resumed {
+    /// The stream from after that event.
+    Stream(BoxStream<'static, Bytes>),
+    /// Not one of portico's ids, or no stream of this session held here under it.
+    Unknown,
+}
+
+/// The stream `last` names, when `owner`'s session holds it on this server.
+pub fn resume(metrics: &Metrics, owner: &OwnerKey, last: &EventId) -> Resumed {
+    let found = registry()
+        .get(&(metrics.instance(), last.token))
+        .filter(|h| h.owner == *owner && h.kind == last.kind)
+        .cloned();
+    match found {
+        Some(h) => {
+            metrics.stream_resume("resumed");
+            Resumed::Stream(h.attach(Some(last.seq)).into_stream())
+        }
+        None => {
+            metrics.stream_resume("unknown");
+            Resumed::Unknown
+        }
+    }
+}
+
+/// 64 random bits, never 0.
+fn random_token() -> Option<u64> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    ring::rand::SystemRandom::new().fill(&mut b).ok()?;
+    Some(u64::from_le_bytes(b).max(1))
+}
+
+/// Drives one held stream: keeps what `source` yields until it ends, and ends it (dropping
+/// `source`, which cancels what it carries) once nobody has read it for `window`.
+async fn pump(
+    key: Key,
+    held: Arc<Held>,
+    source: BoxStream<'static, Bytes>,
+    window: Duration,
+    _gauge: HeldStream,
+) {
+    let mut rx = held.changed.subscribe();
+    let mut source = Some(source);
+    loop {
+        rx.borrow_and_update();
+        let (idle_until, room) = {
+            let b = held.buf();
+            let unsent = (b.first + b.events.len() as u64).saturating_sub(b.sent.max(b.first));
+            let keep = if b.read_to_end {
+                window.min(READ_TO_END_KEEP)
+            } else {
+                window
+            };
+            (
+                (b.reader == 0).then(|| b.idle_since + keep),
+                unsent < MAX_UNSENT as u64,
+            )
+        };
+        let next = async {
+            match source.as_mut() {
+                Some(s) if room => s.next().await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = next => {
+                let mut b = held.buf();
+                match event {
+                    Some(event) => {
+                        let seq = b.first + b.events.len() as u64;
+                        let framed = held.frame(seq, &event);
+                        b.events.push_back(framed);
+                        trim(&mut b);
+                    }
+                    None => b.ended = true,
+                }
+                let ended = b.ended;
+                drop(b);
+                if ended {
+                    source = None;
+                }
+                held.changed.send_replace(());
+            }
+            () = sleep_until(idle_until) => break,
+            _ = rx.changed() => {}
+        }
+    }
+    // Nobody came back in time: forget it, and with `source` whatever it carried.
+    registry().remove(&key);
+    held.buf().ended = true;
+    held.changed.send_replace(());
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Drops the oldest events already handed to a connection past [`KEEP_SENT`] /
+/// [`KEEP_SENT_BYTES`].
+fn trim(b: &mut Buf) {
+    loop {
+        let sent = b.sent.saturating_sub(b.first) as usize;
+        if sent == 0 {
+            return;
+        }
+        let bytes: usize = b.events.iter().take(sent).map(Bytes::len).sum();
+        if sent <= KEEP_SENT && bytes <= KEEP_SENT_BYTES {
+            return;
+        }
+        b.events.pop_front();
+        b.first += 1;
+    }
+}
+
+/// One connection reading a held stream.
+struct Reader {
+    held: Arc<Held>,
+    me: u64,
+    /// The next sequence number it wants.
+    next: u64,
+    rx: watch::Receiver<()>,
+}
+
+impl Reader {
+    fn into_stream(self) -> BoxStream<'static, Bytes> {
+        futures_util::stream::unfold(self, |mut r| async move {
+            loop {
+                r.rx.borrow_and_update();
+                {
+                    let held = r.held.clone();
+                    let mut b = held.buf();
+                    if b.reader != r.me {
+                        // Taken over by a newer connection, or the stream was forgotten.
+                        return None;
+                    }
+                    // Kept no longer: the client gets what there is from the oldest kept on.
+                    r.next = r.next.max(b.first);
+                    let i = (r.next - b.first) as usize;
+                    if let Some(event) = b.events.get(i).cloned() {
+                        r.next += 1;
+                        if r.next > b.sent {
+                            b.sent = r.next;
+                            trim(&mut b);
+                            drop(b);
+                            // Room again for the pump, perhaps.
+                            held.changed.send_replace(());
+                        }
+                        return Some((event, r));
+                    }
+                    if b.ended {
+                        b.read_to_end = true;
+                        return None;
+                    }
+                }
+                if r.rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .boxed()
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        let mut b = self.held.buf();
+        if b.reader == self.me {
+            b.reader = 0;
+            b.idle_since = Instant::now();
+            drop(b);
+            self.held.changed.send_replace(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(n: u32) -> Bytes {
+        crate::sse::sse_event(format!("{{\"n\":{n}}}").as_bytes())
+    }
+
+    fn hold_it(
+        m: &Metrics,
+        rx: tokio::sync::mpsc::Receiver<Bytes>,
+        window: Duration,
+        priming: bool,
+    ) -> BoxStream<'static, Bytes> {
+        let events = tokio_stream_from(rx);
+        hold(
+            Hold {
+                metrics: m,
+                owner: [7; 32],
+                kind: Kind::Answer,
+                window,
+                priming,
+            },
+            events,
+        )
+        .ok()
+        .expect("held")
+    }
+
+    fn tokio_stream_from(mut rx: tokio::sync::mpsc::Receiver<Bytes>) -> BoxStream<'static, Bytes> {
+        futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+    }
+
+    fn id_of(event: &Bytes) -> EventId {
+        let line = event.split(|b| *b == b'\n').next().unwrap();
+        EventId::parse(line.strip_prefix(b"id: ").unwrap()).unwrap()
+    }
+
+    #[test]
+    fn ids_parse_only_in_portico_s_shape() {
+        let id = EventId::parse(b"a00000000000000ff-12").unwrap();
+        assert_eq!((id.kind, id.token, id.seq), (Kind::Answer, 255, 12));
+        assert_eq!(
+            EventId::parse(b"g0000000000000001-0").unwrap().kind,
+            Kind::Get
+        );
+        for bad in [
+            &b""[..],
+            b"a",
+            b"x00000000000000ff-1",
+            b"a00000000000000ff",
+            b"a00000000000000ff-",
+            b"a00000000000000ff-1x",
+            b"a00000000000000zz-1",
+            b"a00000000000000ff-99999999999999999999",
+            b"\xff",
+        ] {
+            assert_eq!(EventId::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_reader_is_taken_over_after_the_last_event_it_saw() {
+        let m = Metrics::new();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let mut first = hold_it(&m, rx, Duration::from_secs(30), true);
+        let priming = first.next().await.unwrap();
+        assert!(priming.ends_with(b"\ndata: \n\n"), "{priming:?}");
+        tx.send(ev(1)).await.unwrap();
+        let one = first.next().await.unwrap();
+        assert!(one.ends_with(&ev(1)[..]));
+        let seen = id_of(&one);
+        tx.send(ev(2)).await.unwrap();
+        tx.send(ev(3)).await.unwrap();
+        tokio::task::yield_now().await;
+        drop(first); // the connection broke; 2 and 3 were never read
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let Resumed::Stream(mut again) = resume(&m, &[7; 32], &seen) else {
+            panic!("not held")
+        };
+        assert!(again.next().await.unwrap().ends_with(&ev(2)[..]));
+        assert!(again.next().await.unwrap().ends_with(&ev(3)[..]));
+        // Another session's resume, or the wrong kind, finds nothing.
+        assert!(matches!(resume(&m, &[8; 32], &seen), Resumed::Unknown));
+        let wrong = EventId {
+            kind: Kind::Get,
+            ..seen
+        };
+        assert!(matches!(resume(&m, &[7; 32], &wrong), Resumed::Unknown));
+        drop(tx);
+        assert!(again.next().await.is_none(), "the source ended");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_newer_reader_takes_over_and_the_older_one_ends() {
+        let m = Metrics::new();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let mut old = hold_it(&m, rx, Duration::from_secs(30), false);
+        tx.send(ev(1)).await.unwrap();
+        let one = old.next().await.unwrap();
+        let Resumed::Stream(mut new) = resume(&m, &[7; 32], &id_of(&one)) else {
+            panic!("not held")
+        };
+        tx.send(ev(2)).await.unwrap();
+        assert!(new.next().await.unwrap().ends_with(&ev(2)[..]));
+        assert!(old.next().await.is_none(), "the older reader ends");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nobody_back_within_the_window_drops_the_source() {
+        let m = Metrics::new();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let mut first = hold_it(&m, rx, Duration::from_secs(30), false);
+        tx.send(ev(1)).await.unwrap();
+        let one = first.next().await.unwrap();
+        drop(first);
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert!(tx.is_closed(), "the source was dropped");
+        assert!(matches!(
+            resume(&m, &[7; 32], &id_of(&one)),
+            Resumed::Unknown
+        ));
+        let scrape = String::from_utf8(
+            prometheus::TextEncoder::new()
+                .encode_to_string(&m.registry.gather())
+                .unwrap()
+                .into_bytes(),
+        )
+        .unwrap();
+        assert!(scrape.contains("portico_resumable_streams 0"), "{scrape}");
+        assert!(
+            scrape.contains("portico_stream_resumes_total{outcome=\"unknown\"} 1"),
+            "{scrape}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unread_events_hold_the_source_back_and_sent_ones_are_trimmed() {
+        let m = Metrics::new();
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut r = hold_it(&m, rx, Duration::from_secs(300), false);
+        let mut sent = 0;
+        // Nobody reads: the pump takes MAX_UNSENT, then stops reading.
+        while tokio::time::timeout(Duration::from_secs(1), tx.send(ev(sent)))
+            .await
+            .is_ok()
+        {
+            sent += 1;
+            assert!(sent < 1000, "no backpressure");
+        }
+        assert_eq!(
+            sent as usize,
+            MAX_UNSENT + 1,
+            "one more sits in the channel"
+        );
+        // Reading them all keeps only the last KEEP_SENT for a resume.
+        let mut last = None;
+        for _ in 0..MAX_UNSENT {
+            last = r.next().await;
+        }
+        let last = id_of(&last.unwrap());
+        drop(r);
+        let from_start = EventId { seq: 0, ..last };
+        let Resumed::Stream(mut again) = resume(&m, &[7; 32], &from_start) else {
+            panic!("not held")
+        };
+        let first_kept = id_of(&again.next().await.unwrap());
+        assert_eq!(first_kept.seq, last.seq + 1 - KEEP_SENT as u64);
+    }
+}
