@@ -11,6 +11,7 @@ mod input;
 mod legacy;
 mod listen;
 mod notes;
+mod resume;
 mod sse;
 mod sse_front;
 mod stdio;
