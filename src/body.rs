@@ -202,6 +202,18 @@ pub async fn render(
     }
 }
 
+/// Marks (as a response extension) an SSE answer its client will resume after the connection
+/// ends (`legacy::resume`, a 2025-11-25 session that got the priming event): `[server]
+/// max_stream_ms` then ends the *connection* with a `retry` hint ([`RECONNECT`]), not the
+/// stream with an error — the client reconnects with `Last-Event-ID` and loses nothing
+/// (docs/protocol.md §7, SEP-1699).
+#[derive(Debug, Clone, Copy)]
+pub struct Resumable;
+
+/// What ends a resumable stream's connection at `max_stream_ms`: the client waits this long
+/// (ms) before it reconnects; both SDKs wait a second when the server names nothing.
+pub const RECONNECT: &[u8] = b"retry: 100\n\n";
+
 /// The comment line sent on an idle SSE stream; clients ignore comments (docs/protocol.md §4).
 const KEEPALIVE: &[u8] = b": keep-alive\n\n";
 

@@ -64,10 +64,15 @@ fn limit_sse(state: &State, ctx: &RequestCtx, resp: Response<Body>) -> Response<
     {
         return resp;
     }
-    let last = GatewayError::StreamLimit {
-        max_ms: server.max_stream_ms,
+    let last = if resp.extensions().get::<crate::body::Resumable>().is_some() {
+        // The client takes the stream up again on another connection (SEP-1699).
+        Bytes::from_static(crate::body::RECONNECT)
+    } else {
+        let last = GatewayError::StreamLimit {
+            max_ms: server.max_stream_ms,
+        };
+        sse_event(&last.to_message(ctx.error_id().as_ref()))
     };
-    let last = sse_event(&last.to_message(ctx.error_id().as_ref()));
     resp.map(|body| {
         Body::Limited(Box::new(crate::body::SseLimits::new(
             body,

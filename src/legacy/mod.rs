@@ -134,7 +134,11 @@ pub async fn get(
     {
         match resume::resume(&core.metrics, &owner.key, &last) {
             resume::Resumed::Stream(events) => {
-                return Ok(sse_response(Body::Stream(events)));
+                let mut resp = sse_response(Body::Stream(events));
+                if primed(&session) {
+                    resp.extensions_mut().insert(crate::body::Resumable);
+                }
+                return Ok(resp);
             }
             resume::Resumed::Unknown if last.kind == resume::Kind::Answer => {
                 return Err(GatewayError::BadRequest(format!(
@@ -364,11 +368,23 @@ fn resumable(
         owner: owner.key,
         kind,
         window: std::time::Duration::from_millis(window),
-        // Revisions are dates: the priming event is understood from 2025-11-25 on.
-        priming: session.v.as_str() >= "2025-11-25",
+        priming: primed(session),
     };
-    let events = resume::hold(how, events).unwrap_or_else(|events| events);
-    Response::from_parts(parts, Body::Stream(events))
+    let priming = how.priming;
+    let mut resp = match resume::hold(how, events) {
+        Ok(held) => Response::from_parts(parts, Body::Stream(held)),
+        Err(events) => return Response::from_parts(parts, Body::Stream(events)),
+    };
+    if priming {
+        resp.extensions_mut().insert(crate::body::Resumable);
+    }
+    resp
+}
+
+/// Whether a session's client resumes whatever ends its stream's connection: from 2025-11-25,
+/// after the priming event (revisions are dates).
+fn primed(session: &SessionData) -> bool {
+    session.v.as_str() >= "2025-11-25"
 }
 
 /// The backends a route reaches (one, or an endpoint's members).

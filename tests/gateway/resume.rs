@@ -28,6 +28,7 @@ fn config(url: &str, extra: &str) -> String {
 struct Event {
     id: Option<String>,
     data: String,
+    retry: Option<u64>,
 }
 
 impl Event {
@@ -68,13 +69,16 @@ impl Events {
             if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
                 let raw: Vec<u8> = self.buf.drain(..end + 2).collect();
                 let text = String::from_utf8(raw).expect("UTF-8");
-                let (mut id, mut data, mut any) = (None, Vec::new(), false);
+                let (mut id, mut data, mut retry, mut any) = (None, Vec::new(), None, false);
                 for line in text.lines() {
                     if let Some(v) = line.strip_prefix("id: ") {
                         id = Some(v.to_string());
                         any = true;
                     } else if let Some(v) = line.strip_prefix("data: ") {
                         data.push(v.to_string());
+                        any = true;
+                    } else if let Some(v) = line.strip_prefix("retry: ") {
+                        retry = v.parse().ok();
                         any = true;
                     } else if line.starts_with("event:") {
                         any = true;
@@ -84,6 +88,7 @@ impl Events {
                     return Some(Event {
                         id,
                         data: data.join("\n"),
+                        retry,
                     });
                 }
                 continue;
@@ -315,5 +320,72 @@ async fn a_get_stream_keeps_what_it_hears_while_its_client_reconnects() {
         m.get_streams() == 0
     })
     .await;
+    gw.stop().await;
+}
+
+/// `[server] max_stream_ms` (a load balancer's limit on a response's duration) ends a
+/// 2025-11-25 client's connection, not its stream: a `retry` hint and the end, no error; the
+/// client resumes on a new connection, each again cut at the limit, until the response (SEP-1699
+/// polling). An older revision, which does not resume a stream that sent no id before the
+/// cut, still gets the error event for its request.
+#[tokio::test]
+async fn max_stream_ms_ends_a_resumable_streams_connection_not_its_call() {
+    let mock = MockMcp::modern().sse().start().await;
+    let gw = Gateway::start(
+        &config(&mock.url(), "")
+            .replace("[metrics]\n", "[metrics]\n[server]\nmax_stream_ms = 300\n"),
+    )
+    .await;
+    let url = gw.url("/mcp/b");
+    let (c, _) = OldClient::connect(&url, "2025-11-25").await;
+    let mut stream = progress_call(&c, 9, 6, 150).await;
+    let mut progress = Vec::new();
+    let mut connections = 1;
+    let mut last: Option<String> = None;
+    let answer = loop {
+        match stream.next().await {
+            Some(e) if e.retry.is_some() => {
+                assert_eq!(e.retry, Some(100), "{e:?}");
+                assert!(
+                    stream.next().await.is_none(),
+                    "the connection ends after the hint"
+                );
+                connections += 1;
+                assert!(connections < 20, "no progress");
+                let from = last.clone().expect("an event before the cut");
+                stream = Events::new(resume_get(&c, &from).await);
+            }
+            Some(e) => {
+                if e.id.is_some() {
+                    last = e.id.clone();
+                }
+                let v = e.json();
+                if v["method"] == "notifications/progress" {
+                    progress.push(v["params"]["progress"].as_u64().unwrap());
+                } else if v.get("id").is_some() {
+                    break v;
+                }
+            }
+            None => panic!("a connection ended without the hint"),
+        }
+    };
+    assert_eq!(answer["id"], 9);
+    assert_eq!(answer["result"]["content"][0]["text"], "done 6", "{answer}");
+    assert_eq!(progress, [1, 2, 3, 4, 5, 6], "each once, in order");
+    assert!(connections >= 2, "the limit never cut a connection");
+    assert_eq!(mock.count("tools/call"), 1);
+
+    let (old, _) = OldClient::connect(&url, "2025-06-18").await;
+    let mut stream = progress_call(&old, 10, 6, 150).await;
+    let events = stream.until_response().await;
+    let end = events.last().unwrap().json();
+    assert_eq!(end["id"], 10);
+    assert!(
+        end["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("max_stream_ms"),
+        "{end}"
+    );
     gw.stop().await;
 }
