@@ -75,6 +75,9 @@ pub(super) async fn serve(
     let deadline = Instant::now() + route.timeout();
     let answers = futures_util::future::join_all(items.iter().map(|item| {
         let mut ctx = ctx.clone();
+        // An element's answer is read here whole, never by a connection that could break:
+        // nothing to hold for a resume.
+        ctx.remote = false;
         let generation = generation.clone();
         let head = Head {
             version: head.version,

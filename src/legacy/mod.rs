@@ -25,6 +25,7 @@ mod notes;
 mod resume;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -309,39 +310,163 @@ async fn in_session(
         modern_body = with_log_level(&modern_body, level);
     }
     let modern_env = protocol::parse_envelope(&modern_body).map_err(frontend::envelope_error)?;
-    let reply = dispatch(
-        core,
-        ctx,
-        route,
-        headers,
-        &modern_env,
-        modern_body.clone(),
-        deadline,
-    )
-    .await?;
-    let timeout_ms = route.timeout().as_millis() as u64;
-    // `input_required` from a 2026-07-28 server becomes server requests to this client.
-    let call = relay::Call {
+    let work = Work {
         generation,
         ctx: ctx.clone(),
         route: route.clone(),
         headers: headers.clone(),
+        env: modern_env,
         body: modern_body,
         id: id.clone(),
         method: env.method.clone(),
         caps: session.caps.clone(),
-        owner: ctx.client.as_ref().map(|o| o.key).unwrap_or_default(),
         deadline,
-        shape: legacy_message,
+    }
+    .run();
+    let early = ctx.remote
+        && core.config.sessions.resume_ms > 0
+        && headers
+            .get(http::header::ACCEPT)
+            .is_some_and(|a| a.as_bytes().windows(17).any(|w| w == b"text/event-stream"));
+    if !early {
+        let (done, resp) = work.await;
+        *ctx = done;
+        return Ok(resumable(core, ctx, session, resume::Kind::Answer, resp?));
+    }
+    // A call still running after `STREAM_AFTER` is answered as a stream from then on: its
+    // client gets event ids (and keep-alives) while it waits, so a connection lost meanwhile
+    // (a load balancer's idle timeout) loses nothing.
+    let mut task = Task(tokio::spawn(work));
+    let events = match tokio::time::timeout(STREAM_AFTER, &mut task.0).await {
+        Ok(joined) => {
+            let (done, resp) = joined.map_err(|_| task_failed())?;
+            *ctx = done;
+            return Ok(resumable(core, ctx, session, resume::Kind::Answer, resp?));
+        }
+        Err(_) => futures_util::stream::once(task)
+            .flat_map(move |joined| as_events(joined, &id))
+            .boxed(),
     };
-    let resp = render(
-        relay::answer(reply, call),
-        Some(&id),
-        &route.name(),
-        timeout_ms,
-    )
-    .await;
+    let resp = crate::body::sse_response(Body::Stream(events));
     Ok(resumable(core, ctx, session, resume::Kind::Answer, resp))
+}
+
+/// How long an initialize-era client's call may run before it is answered as an SSE stream
+/// (when its answer could be held for a resume): most calls answer sooner, as JSON.
+pub const STREAM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One initialize-era client's call, owned so that it can outlive the request's handler.
+struct Work {
+    generation: relay::Generation,
+    ctx: RequestCtx,
+    route: Route,
+    headers: HeaderMap,
+    /// The request in 2026-07-28 form, and its envelope.
+    env: protocol::Envelope,
+    body: Bytes,
+    /// The client's own id, and its method.
+    id: RequestId,
+    method: String,
+    caps: Value,
+    deadline: Instant,
+}
+
+impl Work {
+    /// The call through the same dispatch as any request, and its answer as the client's
+    /// revision expects it; with the request's context as the call left it.
+    async fn run(self) -> (RequestCtx, Result<Response<Body>, GatewayError>) {
+        let Work {
+            generation,
+            mut ctx,
+            route,
+            headers,
+            env,
+            body,
+            id,
+            method,
+            caps,
+            deadline,
+        } = self;
+        let core: &Core = &generation;
+        let reply = dispatch(
+            core,
+            &mut ctx,
+            &route,
+            &headers,
+            &env,
+            body.clone(),
+            deadline,
+        )
+        .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => return (ctx, Err(e)),
+        };
+        let timeout_ms = route.timeout().as_millis() as u64;
+        let name = route.name();
+        // `input_required` from a 2026-07-28 server becomes server requests to this client.
+        let call = relay::Call {
+            generation: generation.clone(),
+            ctx: ctx.clone(),
+            route,
+            headers,
+            body,
+            owner: ctx.client.as_ref().map(|o| o.key).unwrap_or_default(),
+            id: id.clone(),
+            method,
+            caps,
+            deadline,
+            shape: legacy_message,
+        };
+        let resp = render(relay::answer(reply, call), Some(&id), &name, timeout_ms).await;
+        (ctx, Ok(resp))
+    }
+}
+
+/// A spawned call, aborted when dropped (its client left before it was answered).
+struct Task(tokio::task::JoinHandle<(RequestCtx, Result<Response<Body>, GatewayError>)>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl std::future::Future for Task {
+    type Output =
+        Result<(RequestCtx, Result<Response<Body>, GatewayError>), tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+fn task_failed() -> GatewayError {
+    GatewayError::Internal("a legacy client's call ended abnormally".into())
+}
+
+/// A finished call's answer as SSE events, once the response head has gone out as a stream:
+/// a JSON answer (or error) becomes one event, a streamed one its events.
+fn as_events(
+    joined: Result<(RequestCtx, Result<Response<Body>, GatewayError>), tokio::task::JoinError>,
+    id: &RequestId,
+) -> futures_util::stream::BoxStream<'static, Bytes> {
+    let one = |msg: Bytes| futures_util::stream::once(async move { msg }).boxed();
+    match joined {
+        Ok((_, Ok(resp))) => match resp.into_body() {
+            Body::Full(Some(msg)) => one(crate::body::sse_event(&msg)),
+            Body::Stream(events) => events,
+            Body::Empty | Body::Full(None) => futures_util::stream::empty().boxed(),
+            Body::Relay(_) | Body::Limited(_) => {
+                one(crate::body::sse_event(&task_failed().to_message(Some(id))))
+            }
+        },
+        Ok((_, Err(e))) => one(crate::body::sse_event(&e.to_message(Some(id)))),
+        Err(_) => one(crate::body::sse_event(&task_failed().to_message(Some(id)))),
+    }
 }
 
 /// An SSE response to an initialize-era client over the network, as a stream it can resume

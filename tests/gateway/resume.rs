@@ -389,3 +389,53 @@ async fn max_stream_ms_ends_a_resumable_streams_connection_not_its_call() {
     );
     gw.stop().await;
 }
+
+/// A call that is still running after a second is answered as a stream from then on, even
+/// when the server will answer JSON: its client gets the priming event (an id) at once, so a
+/// connection lost while the server works — an idle timeout in between — loses nothing. A
+/// quick call is still answered as JSON.
+#[tokio::test]
+async fn a_slow_call_is_answered_as_a_resumable_stream() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&config(&mock.url(), "")).await;
+    let url = gw.url("/mcp/b");
+    let (c, _) = OldClient::connect(&url, "2025-11-25").await;
+    let r = c
+        .call(
+            json!(1),
+            "tools/call",
+            json!({"name":"echo","arguments":{"text":"hi"}}),
+        )
+        .await;
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.json()["id"], 1);
+
+    let body = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"slow","arguments":{"ms":2500}}});
+    let started = std::time::Instant::now();
+    let resp = send_stream("POST", &c.url, &post_headers(&c), body.to_string()).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(2000),
+        "the head waited for the answer"
+    );
+    let mut stream = Events::new(resp);
+    let priming = stream.next().await.expect("the priming event");
+    assert!(priming.data.is_empty(), "{priming:?}");
+    drop(stream);
+    assert!(
+        !mock.wait_cancelled(Duration::from_millis(300)).await,
+        "a dropped connection cancelled the call"
+    );
+    let mut again = Events::new(resume_get(&c, priming.id.as_deref().unwrap()).await);
+    let rest = again.until_response().await;
+    let answer = rest.last().unwrap().json();
+    assert_eq!(answer["id"], 2, "{rest:?}");
+    assert!(answer["result"]["content"].is_array(), "{answer}");
+    assert_eq!(rest.last().unwrap().seq(), 1);
+    assert_eq!(
+        mock.count("tools/call"),
+        2,
+        "each call reached the server once"
+    );
+    gw.stop().await;
+}
