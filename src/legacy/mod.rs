@@ -18,14 +18,14 @@
 //! (`bridge::input`, relayed with portico's ids) and a 2026-07-28 backend's `input_required`
 //! (`relay`, asked as real requests, the call retried with the answers); the client's answer
 //! POSTs are routed back by id. What they hear unasked — the GET stream, `resources/subscribe`,
-//! `logging/setLevel` — is [`notes`]; `ping` is answered here.
+//! `logging/setLevel` — is [`notes`]; `ping` is answered here. Their SSE streams carry event
+//! ids and outlive a dropped connection for a `GET` with `Last-Event-ID` ([`resume`]).
 
 mod batch;
 mod notes;
 mod resume;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -136,7 +136,7 @@ pub async fn get(
         match resume::resume(&core.metrics, &owner.key, &last) {
             resume::Resumed::Stream(events) => {
                 let mut resp = sse_response(Body::Stream(events));
-                if primed(&session) {
+                if resume::primed(&session) {
                     resp.extensions_mut().insert(crate::body::Resumable);
                 }
                 return Ok(resp);
@@ -164,7 +164,13 @@ pub async fn get(
         revocation,
     )
     .await?;
-    Ok(resumable(core, ctx, &session, resume::Kind::Get, resp))
+    Ok(resume::resumable(
+        core,
+        ctx,
+        &session,
+        resume::Kind::Get,
+        resp,
+    ))
 }
 
 /// The session `sid` names, when it opens for this caller on this endpoint and has not been
@@ -323,37 +329,8 @@ async fn in_session(
         deadline,
     }
     .run();
-    let early = ctx.remote
-        && core.config.sessions.resume_ms > 0
-        && headers
-            .get(http::header::ACCEPT)
-            .is_some_and(|a| a.as_bytes().windows(17).any(|w| w == b"text/event-stream"));
-    if !early {
-        let (done, resp) = work.await;
-        *ctx = done;
-        return Ok(resumable(core, ctx, session, resume::Kind::Answer, resp?));
-    }
-    // A call still running after `STREAM_AFTER` is answered as a stream from then on: its
-    // client gets event ids (and keep-alives) while it waits, so a connection lost meanwhile
-    // (a load balancer's idle timeout) loses nothing.
-    let mut task = Task(tokio::spawn(work));
-    let events = match tokio::time::timeout(STREAM_AFTER, &mut task.0).await {
-        Ok(joined) => {
-            let (done, resp) = joined.map_err(|_| task_failed())?;
-            *ctx = done;
-            return Ok(resumable(core, ctx, session, resume::Kind::Answer, resp?));
-        }
-        Err(_) => futures_util::stream::once(task)
-            .flat_map(move |joined| as_events(joined, &id))
-            .boxed(),
-    };
-    let resp = crate::body::sse_response(Body::Stream(events));
-    Ok(resumable(core, ctx, session, resume::Kind::Answer, resp))
+    resume::answer(core, ctx, session, headers, &id, work).await
 }
-
-/// How long an initialize-era client's call may run before it is answered as an SSE stream
-/// (when its answer could be held for a resume): most calls answer sooner, as JSON.
-pub const STREAM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One initialize-era client's call, owned so that it can outlive the request's handler.
 struct Work {
@@ -421,95 +398,6 @@ impl Work {
         let resp = render(relay::answer(reply, call), Some(&id), &name, timeout_ms).await;
         (ctx, Ok(resp))
     }
-}
-
-/// A spawned call, aborted when dropped (its client left before it was answered).
-struct Task(tokio::task::JoinHandle<(RequestCtx, Result<Response<Body>, GatewayError>)>);
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl std::future::Future for Task {
-    type Output =
-        Result<(RequestCtx, Result<Response<Body>, GatewayError>), tokio::task::JoinError>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-fn task_failed() -> GatewayError {
-    GatewayError::Internal("a legacy client's call ended abnormally".into())
-}
-
-/// A finished call's answer as SSE events, once the response head has gone out as a stream:
-/// a JSON answer (or error) becomes one event, a streamed one its events.
-fn as_events(
-    joined: Result<(RequestCtx, Result<Response<Body>, GatewayError>), tokio::task::JoinError>,
-    id: &RequestId,
-) -> futures_util::stream::BoxStream<'static, Bytes> {
-    let one = |msg: Bytes| futures_util::stream::once(async move { msg }).boxed();
-    match joined {
-        Ok((_, Ok(resp))) => match resp.into_body() {
-            Body::Full(Some(msg)) => one(crate::body::sse_event(&msg)),
-            Body::Stream(events) => events,
-            Body::Empty | Body::Full(None) => futures_util::stream::empty().boxed(),
-            Body::Relay(_) | Body::Limited(_) => {
-                one(crate::body::sse_event(&task_failed().to_message(Some(id))))
-            }
-        },
-        Ok((_, Err(e))) => one(crate::body::sse_event(&e.to_message(Some(id)))),
-        Err(_) => one(crate::body::sse_event(&task_failed().to_message(Some(id)))),
-    }
-}
-
-/// An SSE response to an initialize-era client over the network, as a stream it can resume
-/// with `Last-Event-ID` ([`resume`]; off with `[sessions] resume_ms = 0`). Messages of
-/// portico's in-process fronts (`portico stdio`, an HTTP+SSE session) have no connection to
-/// lose.
-fn resumable(
-    core: &Core,
-    ctx: &RequestCtx,
-    session: &SessionData,
-    kind: resume::Kind,
-    resp: Response<Body>,
-) -> Response<Body> {
-    let window = core.config.sessions.resume_ms;
-    let Some(owner) = ctx.client.as_ref().filter(|_| window > 0 && ctx.remote) else {
-        return resp;
-    };
-    let (parts, body) = resp.into_parts();
-    let Body::Stream(events) = body else {
-        return Response::from_parts(parts, body);
-    };
-    let how = resume::Hold {
-        metrics: &core.metrics,
-        owner: owner.key,
-        kind,
-        window: std::time::Duration::from_millis(window),
-        priming: primed(session),
-    };
-    let priming = how.priming;
-    let mut resp = match resume::hold(how, events) {
-        Ok(held) => Response::from_parts(parts, Body::Stream(held)),
-        Err(events) => return Response::from_parts(parts, Body::Stream(events)),
-    };
-    if priming {
-        resp.extensions_mut().insert(crate::body::Resumable);
-    }
-    resp
-}
-
-/// Whether a session's client resumes whatever ends its stream's connection: from 2025-11-25,
-/// after the priming event (revisions are dates).
-fn primed(session: &SessionData) -> bool {
-    session.v.as_str() >= "2025-11-25"
 }
 
 /// The backends a route reaches (one, or an endpoint's members).

@@ -21,7 +21,13 @@
 //!
 //! Sessions of 2025-11-25 get the priming event first (an id with empty data), after which
 //! their SDKs resume whatever ends the connection; older revisions mishandle it
-//! (docs/protocol.md §7) and get ids on their messages only.
+//! (docs/protocol.md §7) and get ids on their messages only. There `[server] max_stream_ms`
+//! ends the connection with a `retry` hint, not the call (`body::Resumable`).
+//!
+//! Which answers are held is decided here too ([`answer`], [`resumable`]): SSE answers to a
+//! client's own connection (not `portico stdio`'s or an HTTP+SSE session's in-process
+//! requests), and a call still running after [`STREAM_AFTER`] is answered as such a stream
+//! even when its server answers JSON, so its client holds an id while it waits.
 //!
 //! Held per replica and per server (`Metrics::instance`, like the HTTP+SSE sessions): a
 //! resume that lands on another replica finds nothing (README "Scale-out").
@@ -35,8 +41,16 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use http::{HeaderMap, Response};
+use std::future::Future;
+
+use crate::body::{Body, Resumable, sse_event, sse_response};
+use crate::error::GatewayError;
 use crate::metrics::{HeldStream, Metrics};
 use crate::pool::OwnerKey;
+use crate::protocol::RequestId;
+use crate::session::SessionData;
+use crate::step::{Core, RequestCtx};
 
 /// Events that may wait for a reader before the stream stops reading its source.
 pub const MAX_UNSENT: usize = 128;
@@ -405,6 +419,144 @@ impl Drop for Reader {
             drop(b);
             self.held.changed.send_replace(());
         }
+    }
+}
+
+// === The legacy face: which answers are held, and when a call is answered as a stream ===
+
+/// How long an initialize-era client's call may run before it is answered as an SSE stream
+/// (when its answer could be held for a resume): most calls answer sooner, as JSON.
+pub const STREAM_AFTER: Duration = Duration::from_secs(1);
+
+/// The answer to an initialize-era client's call (`work`: the call, run to its response, with
+/// the request's context as it left it). A call still running after [`STREAM_AFTER`] is
+/// answered as a stream from then on: its client gets event ids (and keep-alives) while it
+/// waits, so a connection lost meanwhile (a load balancer's idle timeout) loses nothing.
+pub(super) async fn answer<W>(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    session: &SessionData,
+    headers: &HeaderMap,
+    id: &RequestId,
+    work: W,
+) -> Result<Response<Body>, GatewayError>
+where
+    W: Future<Output = (RequestCtx, Result<Response<Body>, GatewayError>)> + Send + 'static,
+{
+    let early = ctx.remote
+        && core.config.sessions.resume_ms > 0
+        && headers
+            .get(http::header::ACCEPT)
+            .is_some_and(|a| a.as_bytes().windows(17).any(|w| w == b"text/event-stream"));
+    if !early {
+        let (done, resp) = work.await;
+        *ctx = done;
+        return Ok(resumable(core, ctx, session, Kind::Answer, resp?));
+    }
+    let mut task = Task(tokio::spawn(work));
+    let events = match tokio::time::timeout(STREAM_AFTER, &mut task.0).await {
+        Ok(joined) => {
+            let (done, resp) = joined.map_err(|_| task_failed())?;
+            *ctx = done;
+            return Ok(resumable(core, ctx, session, Kind::Answer, resp?));
+        }
+        Err(_) => {
+            let id = id.clone();
+            futures_util::stream::once(task)
+                .flat_map(move |joined| as_events(joined, &id))
+                .boxed()
+        }
+    };
+    let resp = sse_response(Body::Stream(events));
+    Ok(resumable(core, ctx, session, Kind::Answer, resp))
+}
+
+/// An SSE response to an initialize-era client over the network, as a stream it can resume
+/// with `Last-Event-ID` (this module; off with `[sessions] resume_ms = 0`). Messages of
+/// portico's in-process fronts (`portico stdio`, an HTTP+SSE session) have no connection to
+/// lose.
+pub(super) fn resumable(
+    core: &Core,
+    ctx: &RequestCtx,
+    session: &SessionData,
+    kind: Kind,
+    resp: Response<Body>,
+) -> Response<Body> {
+    let window = core.config.sessions.resume_ms;
+    let Some(owner) = ctx.client.as_ref().filter(|_| window > 0 && ctx.remote) else {
+        return resp;
+    };
+    let (parts, body) = resp.into_parts();
+    let Body::Stream(events) = body else {
+        return Response::from_parts(parts, body);
+    };
+    let how = Hold {
+        metrics: &core.metrics,
+        owner: owner.key,
+        kind,
+        window: std::time::Duration::from_millis(window),
+        priming: primed(session),
+    };
+    let priming = how.priming;
+    let mut resp = match hold(how, events) {
+        Ok(held) => Response::from_parts(parts, Body::Stream(held)),
+        Err(events) => return Response::from_parts(parts, Body::Stream(events)),
+    };
+    if priming {
+        resp.extensions_mut().insert(Resumable);
+    }
+    resp
+}
+
+/// Whether a session's client resumes whatever ends its stream's connection: from 2025-11-25,
+/// after the priming event (revisions are dates).
+pub(super) fn primed(session: &SessionData) -> bool {
+    session.v.as_str() >= "2025-11-25"
+}
+
+/// A spawned call, aborted when dropped (its client left before it was answered).
+struct Task(tokio::task::JoinHandle<(RequestCtx, Result<Response<Body>, GatewayError>)>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl std::future::Future for Task {
+    type Output =
+        Result<(RequestCtx, Result<Response<Body>, GatewayError>), tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+fn task_failed() -> GatewayError {
+    GatewayError::Internal("a legacy client's call ended abnormally".into())
+}
+
+/// A finished call's answer as SSE events, once the response head has gone out as a stream:
+/// a JSON answer (or error) becomes one event, a streamed one its events.
+fn as_events(
+    joined: Result<(RequestCtx, Result<Response<Body>, GatewayError>), tokio::task::JoinError>,
+    id: &RequestId,
+) -> futures_util::stream::BoxStream<'static, Bytes> {
+    let one = |msg: Bytes| futures_util::stream::once(async move { msg }).boxed();
+    match joined {
+        Ok((_, Ok(resp))) => match resp.into_body() {
+            Body::Full(Some(msg)) => one(sse_event(&msg)),
+            Body::Stream(events) => events,
+            Body::Empty | Body::Full(None) => futures_util::stream::empty().boxed(),
+            Body::Relay(_) | Body::Limited(_) => {
+                one(sse_event(&task_failed().to_message(Some(id))))
+            }
+        },
+        Ok((_, Err(e))) => one(sse_event(&e.to_message(Some(id)))),
+        Err(_) => one(sse_event(&task_failed().to_message(Some(id)))),
     }
 }
 
