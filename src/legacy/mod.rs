@@ -143,9 +143,8 @@ pub async fn get(
             }
             resume::Resumed::Unknown if last.kind == resume::Kind::Answer => {
                 return Err(GatewayError::BadRequest(format!(
-                    "the answer stream of event {} cannot be resumed: it ended over \
-                     sessions.resume_ms ago, or is held by another replica; re-issue the request",
-                    String::from_utf8_lossy(headers[h::LAST_EVENT_ID].as_bytes())
+                    "the answer stream of event {last} cannot be resumed: it ended over \
+                     sessions.resume_ms ago, or is held by another replica; re-issue the request"
                 )));
             }
             // The GET stream is opened anew: what it carried meanwhile is lost.
@@ -329,7 +328,7 @@ async fn in_session(
         deadline,
     }
     .run();
-    resume::answer(core, ctx, session, headers, &id, work).await
+    resume::answer(core, ctx, session, &id, work).await
 }
 
 /// One initialize-era client's call, owned so that it can outlive the request's handler.

@@ -41,7 +41,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use http::{HeaderMap, Response};
+use http::Response;
 use std::future::Future;
 
 use crate::body::{Body, Resumable, sse_event, sse_response};
@@ -111,6 +111,14 @@ impl EventId {
     }
 }
 
+/// The id as written on the wire.
+impl std::fmt::Display for EventId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let letter = char::from(self.kind.letter());
+        write!(f, "{letter}{:016x}-{}", self.token, self.seq)
+    }
+}
+
 /// What a new stream needs to know.
 pub struct Hold<'a> {
     pub metrics: &'a Metrics,
@@ -156,10 +164,13 @@ impl Held {
     }
 
     fn frame(&self, seq: u64, event: &[u8]) -> Bytes {
-        let mut out = BytesMut::with_capacity(event.len() + 32);
-        out.extend_from_slice(b"id: ");
-        out.extend_from_slice(&[self.kind.letter()]);
-        out.extend_from_slice(format!("{:016x}-{seq}\n", self.token).as_bytes());
+        let id = EventId {
+            kind: self.kind,
+            token: self.token,
+            seq,
+        };
+        let mut out = BytesMut::with_capacity(event.len() + 48);
+        out.extend_from_slice(format!("id: {id}\n").as_bytes());
         out.extend_from_slice(event);
         out.freeze()
     }
@@ -436,19 +447,14 @@ pub(super) async fn answer<W>(
     core: &Core,
     ctx: &mut RequestCtx,
     session: &SessionData,
-    headers: &HeaderMap,
     id: &RequestId,
     work: W,
 ) -> Result<Response<Body>, GatewayError>
 where
     W: Future<Output = (RequestCtx, Result<Response<Body>, GatewayError>)> + Send + 'static,
 {
-    let early = ctx.remote
-        && core.config.sessions.resume_ms > 0
-        && headers
-            .get(http::header::ACCEPT)
-            .is_some_and(|a| a.as_bytes().windows(17).any(|w| w == b"text/event-stream"));
-    if !early {
+    // Its POST's `Accept` admits SSE (`frontend::check_content`).
+    if !ctx.remote || core.config.sessions.resume_ms == 0 {
         let (done, resp) = work.await;
         *ctx = done;
         return Ok(resumable(core, ctx, session, Kind::Answer, resp?));
@@ -602,6 +608,7 @@ mod tests {
     fn ids_parse_only_in_portico_s_shape() {
         let id = EventId::parse(b"a00000000000000ff-12").unwrap();
         assert_eq!((id.kind, id.token, id.seq), (Kind::Answer, 255, 12));
+        assert_eq!(id.to_string(), "a00000000000000ff-12", "written as read");
         assert_eq!(
             EventId::parse(b"g0000000000000001-0").unwrap().kind,
             Kind::Get
