@@ -102,6 +102,10 @@ impl EventId {
         };
         let (token, seq) = rest.split_at_checked(16)?;
         let seq = seq.strip_prefix(b"-")?;
+        // Digits only: `from_str_radix` would also take a sign.
+        if !token.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
         let token = u64::from_str_radix(std::str::from_utf8(token).ok()?, 16).ok()?;
         if seq.is_empty() || seq.len() > 19 || !seq.iter().all(u8::is_ascii_digit) {
             return None;
@@ -621,6 +625,7 @@ mod tests {
             b"a00000000000000ff-",
             b"a00000000000000ff-1x",
             b"a00000000000000zz-1",
+            b"a+00000000000000f-1",
             b"a00000000000000ff-99999999999999999999",
             b"\xff",
         ] {
