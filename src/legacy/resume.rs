@@ -13,7 +13,8 @@
 //! Bounds: nobody reading for `[sessions] resume_ms` ends the stream, which drops what it
 //! carried (the upstream call is cancelled, the listen closed) as a closed connection did
 //! before; an ended stream is kept that long after its last reader left (the final event may
-//! have been lost with the connection). At most [`MAX_UNSENT`] events wait for a reader (then
+//! have been lost with the connection), [`READ_TO_END_KEEP`] at most once a connection read it
+//! to its end. At most [`MAX_UNSENT`] events wait for a reader (then
 //! the task stops reading: the backpressure reaches the upstream), and of those already handed
 //! to a connection the last [`KEEP_SENT`] (at most [`KEEP_SENT_BYTES`]) are kept for a resume.
 //! [`MAX_HELD`] streams per process; past it a stream is served as before, bound to its
@@ -35,14 +36,13 @@
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use http::Response;
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
-
-use http::Response;
-use std::future::Future;
 
 use crate::body::{Body, Resumable, sse_event, sse_response};
 use crate::error::GatewayError;
@@ -205,8 +205,8 @@ fn registry() -> MutexGuard<'static, HashMap<Key, Arc<Held>>> {
 }
 
 /// `events` (whole SSE events, as `sse_event` writes them) as a resumable stream: the body the
-/// connection reads. `None` when [`MAX_HELD`] streams are held (the caller serves `events`
-/// as before) — `events` is then given back.
+/// connection reads. When [`MAX_HELD`] streams are held, `events` is given back (`Err`) for
+/// the caller to serve as before.
 pub fn hold(
     how: Hold<'_>,
     events: BoxStream<'static, Bytes>,
