@@ -17,8 +17,9 @@
 //! to its end. At most [`MAX_UNSENT`] events wait for a reader (then
 //! the task stops reading: the backpressure reaches the upstream), and of those already handed
 //! to a connection the last [`KEEP_SENT`] (at most [`KEEP_SENT_BYTES`]) are kept for a resume.
-//! [`MAX_HELD`] streams per process; past it a stream is served as before, bound to its
-//! connection and without ids.
+//! [`MAX_HELD`] streams per process and [`MAX_HELD_PER_SESSION`] per session (one client's
+//! streams never use up the room of the others); past either a stream is served as before,
+//! bound to its connection and without ids.
 //!
 //! Sessions of 2025-11-25 get the priming event first (an id with empty data), after which
 //! their SDKs resume whatever ends the connection; older revisions mishandle it
@@ -60,6 +61,8 @@ pub const KEEP_SENT: usize = 64;
 pub const KEEP_SENT_BYTES: usize = 256 * 1024;
 /// Streams held at once in a process.
 pub const MAX_HELD: usize = 10_000;
+/// Streams one session may have held at once.
+pub const MAX_HELD_PER_SESSION: usize = 256;
 /// How long a stream a connection read to its end is kept (`resume_ms` at most): its last
 /// event may still have been lost with the connection, but a client that lost it reconnects
 /// within its `retry` (1 s in both SDKs), and a busy session's finished answers should not
@@ -198,15 +201,53 @@ impl Held {
 }
 
 type Key = (u64, u64);
-static HELD: LazyLock<Mutex<HashMap<Key, Arc<Held>>>> = LazyLock::new(Default::default);
 
-fn registry() -> MutexGuard<'static, HashMap<Key, Arc<Held>>> {
+/// The streams held, by server and token, and how many each session holds.
+#[derive(Default)]
+struct Registry {
+    streams: HashMap<Key, Arc<Held>>,
+    per_session: HashMap<(u64, OwnerKey), usize>,
+}
+
+impl Registry {
+    /// Takes `held` in under `key`, unless the process or its session is at its bound.
+    fn insert(&mut self, key: Key, held: &Arc<Held>) -> bool {
+        let session = (key.0, held.owner);
+        let mine = self.per_session.get(&session).copied().unwrap_or(0);
+        if self.streams.len() >= MAX_HELD
+            || mine >= MAX_HELD_PER_SESSION
+            || self.streams.contains_key(&key)
+        {
+            return false;
+        }
+        self.streams.insert(key, held.clone());
+        self.per_session.insert(session, mine + 1);
+        true
+    }
+
+    fn remove(&mut self, key: &Key) {
+        let Some(held) = self.streams.remove(key) else {
+            return;
+        };
+        let session = (key.0, held.owner);
+        if let Some(n) = self.per_session.get_mut(&session) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_session.remove(&session);
+            }
+        }
+    }
+}
+
+static HELD: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
+
+fn registry() -> MutexGuard<'static, Registry> {
     HELD.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `events` (whole SSE events, as `sse_event` writes them) as a resumable stream: the body the
-/// connection reads. When [`MAX_HELD`] streams are held, `events` is given back (`Err`) for
-/// the caller to serve as before.
+/// connection reads. When [`MAX_HELD`] streams are held (or [`MAX_HELD_PER_SESSION`] of its
+/// session's), `events` is given back (`Err`) for the caller to serve as before.
 pub fn hold(
     how: Hold<'_>,
     events: BoxStream<'static, Bytes>,
@@ -232,11 +273,9 @@ pub fn hold(
         changed: watch::channel(()).0,
     });
     {
-        let mut map = registry();
-        if map.len() >= MAX_HELD || map.contains_key(&key) {
+        if !registry().insert(key, &held) {
             return Err(events);
         }
-        map.insert(key, held.clone());
     }
     let source = if how.priming {
         // The priming event: an id, no data (SEP-1699).
@@ -268,6 +307,7 @@ pub enum Resumed {
 /// The stream `last` names, when `owner`'s session holds it on this server.
 pub fn resume(metrics: &Metrics, owner: &OwnerKey, last: &EventId) -> Resumed {
     let found = registry()
+        .streams
         .get(&(metrics.instance(), last.token))
         .filter(|h| h.owner == *owner && h.kind == last.kind)
         .cloned();
@@ -663,6 +703,36 @@ mod tests {
         assert!(matches!(resume(&m, &[7; 32], &wrong), Resumed::Unknown));
         drop(tx);
         assert!(again.next().await.is_none(), "the source ended");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_session_cannot_use_up_the_room_of_the_others() {
+        let m = Metrics::new();
+        let how = |owner: u8| Hold {
+            metrics: &m,
+            owner: [owner; 32],
+            kind: Kind::Answer,
+            window: Duration::from_secs(30),
+            priming: false,
+        };
+        let pending = || futures_util::stream::pending::<Bytes>().boxed();
+        let mut kept = Vec::new();
+        for _ in 0..MAX_HELD_PER_SESSION {
+            kept.push(hold(how(1), pending()).ok().expect("room for this session"));
+        }
+        assert!(
+            hold(how(1), pending()).is_err(),
+            "the session is at its bound"
+        );
+        kept.push(
+            hold(how(2), pending())
+                .ok()
+                .expect("another session still has room"),
+        );
+        // One of the first session's streams ends: room again.
+        drop(kept.swap_remove(0));
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert!(hold(how(1), pending()).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
