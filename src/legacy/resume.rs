@@ -306,15 +306,19 @@ pub enum Resumed {
 
 /// The stream `last` names, when `owner`'s session holds it on this server.
 pub fn resume(metrics: &Metrics, owner: &OwnerKey, last: &EventId) -> Resumed {
-    let found = registry()
-        .streams
-        .get(&(metrics.instance(), last.token))
-        .filter(|h| h.owner == *owner && h.kind == last.kind)
-        .cloned();
-    match found {
-        Some(h) => {
+    // Attached under the registry's lock: the stream is either still held, and then its pump
+    // sees the reader before it gives up on it ([`pump`]), or already forgotten.
+    let reader = {
+        let map = registry();
+        map.streams
+            .get(&(metrics.instance(), last.token))
+            .filter(|h| h.owner == *owner && h.kind == last.kind)
+            .map(|h| h.attach(Some(last.seq)))
+    };
+    match reader {
+        Some(reader) => {
             metrics.stream_resume("resumed");
-            Resumed::Stream(h.attach(Some(last.seq)).into_stream())
+            Resumed::Stream(reader.into_stream())
         }
         None => {
             metrics.stream_resume("unknown");
@@ -382,13 +386,21 @@ async fn pump(
                 }
                 held.changed.send_replace(());
             }
-            () = sleep_until(idle_until) => break,
+            () = sleep_until(idle_until) => {
+                // Nobody came back in time — unless a resume attached just now (under the
+                // registry's lock, which is taken first here too).
+                let mut map = registry();
+                let mut b = held.buf();
+                if b.reader == 0 {
+                    map.remove(&key);
+                    b.ended = true;
+                    break;
+                }
+            }
             _ = rx.changed() => {}
         }
     }
-    // Nobody came back in time: forget it, and with `source` whatever it carried.
-    registry().remove(&key);
-    held.buf().ended = true;
+    // Forgotten: with `source` goes whatever it carried.
     held.changed.send_replace(());
 }
 
