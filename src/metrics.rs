@@ -309,7 +309,9 @@ impl Metrics {
         );
         let duration = histogram_vec(
             "portico_request_duration_seconds",
-            "Time from request arrival to response head, by endpoint and method.",
+            "Time from request arrival to response head (an initialize-era client's call \
+             answered as a stream before it was done: to the call's own answer), by endpoint \
+             and method.",
             &["endpoint", "method"],
         );
         let upstream = histogram_vec(

@@ -51,7 +51,18 @@ where
     };
     let resp = limit_sse(&state, &ctx, resp);
     ctx.status = resp.status().as_u16();
-    state.observe(&ctx);
+    match resp
+        .extensions()
+        .get::<step::FinishLater>()
+        .and_then(|f| f.take())
+    {
+        // The answer outlives this handler: recorded when it is done (`FinishLater`).
+        Some(done) => {
+            let state = state.clone();
+            tokio::spawn(async move { state.observe(&done.await.unwrap_or(ctx)) });
+        }
+        None => state.observe(&ctx),
+    }
     resp
 }
 

@@ -51,7 +51,7 @@ use crate::metrics::{HeldStream, Metrics};
 use crate::pool::OwnerKey;
 use crate::protocol::RequestId;
 use crate::session::SessionData;
-use crate::step::{Core, RequestCtx};
+use crate::step::{Core, FinishLater, RequestCtx};
 
 /// Events that may wait for a reader before the stream stops reading its source.
 pub const MAX_UNSENT: usize = 128;
@@ -516,6 +516,9 @@ where
         return Ok(resumable(core, ctx, session, Kind::Answer, resp?));
     }
     let mut task = Task(tokio::spawn(work));
+    // The request is recorded when the call is done, with its own outcome (`FinishLater`).
+    let (done, finished) = tokio::sync::oneshot::channel();
+    let mut done = Some(done);
     let events = match tokio::time::timeout(STREAM_AFTER, &mut task.0).await {
         Ok(joined) => {
             let (done, resp) = joined.map_err(|_| task_failed())?;
@@ -525,12 +528,20 @@ where
         Err(_) => {
             let id = id.clone();
             futures_util::stream::once(task)
-                .flat_map(move |joined| as_events(joined, &id))
+                .flat_map(move |joined| as_events(joined, &id, done.take()))
                 .boxed()
         }
     };
-    let resp = sse_response(Body::Stream(events));
-    Ok(resumable(core, ctx, session, Kind::Answer, resp))
+    let mut resp = resumable(
+        core,
+        ctx,
+        session,
+        Kind::Answer,
+        sse_response(Body::Stream(events)),
+    );
+    resp.extensions_mut()
+        .insert(FinishLater(Arc::new(Mutex::new(Some(finished)))));
+    Ok(resp)
 }
 
 /// An SSE response to an initialize-era client over the network, as a stream it can resume
@@ -603,10 +614,25 @@ fn task_failed() -> GatewayError {
 
 /// A finished call's answer as SSE events, once the response head has gone out as a stream:
 /// a JSON answer (or error) becomes one event, a streamed one its events.
+///
+/// `done` gets the call's context as it left it, with the outcome the client gets in the
+/// stream (what the request is recorded with).
 fn as_events(
     joined: Result<(RequestCtx, Result<Response<Body>, GatewayError>), tokio::task::JoinError>,
     id: &RequestId,
+    done: Option<tokio::sync::oneshot::Sender<RequestCtx>>,
 ) -> futures_util::stream::BoxStream<'static, Bytes> {
+    if let (Ok((ctx, result)), Some(done)) = (&joined, done) {
+        let mut ctx = ctx.clone();
+        match result {
+            Ok(resp) => ctx.status = resp.status().as_u16(),
+            Err(e) => {
+                ctx.status = e.status().as_u16();
+                ctx.error = Some(e.reason());
+            }
+        }
+        let _ = done.send(ctx);
+    }
     let one = |msg: Bytes| futures_util::stream::once(async move { msg }).boxed();
     match joined {
         Ok((_, Ok(resp))) => match resp.into_body() {

@@ -25,6 +25,24 @@ pub struct Core {
     pub clients: Arc<clients::Clients>,
 }
 
+/// A response extension: the request's context as it will be once its answer is done, for an
+/// answer that outlives the request's handler (an initialize-era client's call answered as a
+/// stream before it finished, `legacy::resume`). The pipeline's exit then records the request
+/// (`State::observe`) when that context arrives — with the call's own status, error and
+/// upstream time — instead of at the response head; if the answer is dropped first, with the
+/// context it had at the head.
+#[derive(Clone)]
+pub struct FinishLater(
+    pub Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<RequestCtx>>>>,
+);
+
+impl FinishLater {
+    /// The receiver, taken once.
+    pub fn take(&self) -> Option<tokio::sync::oneshot::Receiver<RequestCtx>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
 /// Everything known about one request, filled in as it moves through the phases and read once
 /// at the exit by metrics and the access log. `Clone` so an aggregated endpoint can give each
 /// concurrent part request its own copy.

@@ -718,7 +718,7 @@ mod pass;
 
 pub use cached::cache_keyed;
 use cached::cached;
-pub use context::{Answer, Core, Exposure, Message, RequestCtx, StepRequest};
+pub use context::{Answer, Core, Exposure, FinishLater, Message, RequestCtx, StepRequest};
 pub use pass::{can_pass_through, can_relay};
 use pass::{pass_through, upstream_reason};
 

@@ -437,5 +437,23 @@ async fn a_slow_call_is_answered_as_a_resumable_stream() {
         2,
         "each call reached the server once"
     );
+    // Recorded when the call was done, with its own duration (2.5 s), not at the head (1 s).
+    let series = |s: &str, name: &str| -> Option<u64> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let count = "portico_request_duration_seconds_count{endpoint=\"b\",method=\"tools/call\"}";
+    until("the slow call to be recorded", || async {
+        series(&scrape(&gw).await, count) == Some(2)
+    })
+    .await;
+    let under =
+        "portico_request_duration_seconds_bucket{endpoint=\"b\",method=\"tools/call\",le=\"2.5\"}";
+    assert_eq!(
+        series(&scrape(&gw).await, under),
+        Some(1),
+        "only the quick call took under 2.5 s"
+    );
     gw.stop().await;
 }
