@@ -164,6 +164,18 @@ struct Buf {
     idle_since: Instant,
 }
 
+impl Buf {
+    /// When the stream is given up if nobody reads it meanwhile (`None`: a reader has it).
+    fn given_up_at(&self, window: Duration) -> Option<Instant> {
+        let keep = if self.read_to_end {
+            window.min(READ_TO_END_KEEP)
+        } else {
+            window
+        };
+        (self.reader == 0).then(|| self.idle_since + keep)
+    }
+}
+
 impl Held {
     fn buf(&self) -> MutexGuard<'_, Buf> {
         // Never held across anything that can panic; recover from poison anyway.
@@ -351,15 +363,7 @@ async fn pump(
         let (idle_until, room) = {
             let b = held.buf();
             let unsent = (b.first + b.events.len() as u64).saturating_sub(b.sent.max(b.first));
-            let keep = if b.read_to_end {
-                window.min(READ_TO_END_KEEP)
-            } else {
-                window
-            };
-            (
-                (b.reader == 0).then(|| b.idle_since + keep),
-                unsent < MAX_UNSENT as u64,
-            )
+            (b.given_up_at(window), unsent < MAX_UNSENT as u64)
         };
         let next = async {
             match source.as_mut() {
@@ -387,11 +391,11 @@ async fn pump(
                 held.changed.send_replace(());
             }
             () = sleep_until(idle_until) => {
-                // Nobody came back in time — unless a resume attached just now (under the
-                // registry's lock, which is taken first here too).
+                // Nobody came back in time — unless a resume attached (or came and went) just
+                // now: checked again under the registry's lock, which a resume takes first too.
                 let mut map = registry();
                 let mut b = held.buf();
-                if b.reader == 0 {
+                if b.given_up_at(window).is_some_and(|at| at <= Instant::now()) {
                     map.remove(&key);
                     b.ended = true;
                     break;
