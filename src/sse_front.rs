@@ -182,7 +182,7 @@ async fn open(
         headers.get(header::AUTHORIZATION).cloned(),
         principal.map(|p| p.id.clone()),
     );
-    let id = session_id(state)?;
+    let id = session_id(state);
     let counted = state.metrics.sse_session(server.max_sse_sessions).ok_or(
         GatewayError::TooManySseSessions {
             limit: server.max_sse_sessions,
@@ -306,25 +306,20 @@ fn session_param(query: Option<&str>) -> Option<&str> {
 
 /// A new session's id: 128 random bits as hex, sealed with this replica's address when it has
 /// one (`[sessions] advertise_url`), so the other replicas know where to forward its POSTs.
-fn session_id(state: &State) -> Result<String, GatewayError> {
-    let random = random_id()?;
-    Ok(match &state.config.sessions.advertise_url {
+fn session_id(state: &State) -> String {
+    let random = random_id(&state.sessions.links);
+    match &state.config.sessions.advertise_url {
         Some(me) => {
             let sealed = serde_json::json!({"r": me, "n": random}).to_string();
             state.sessions.links.seal(sealed.as_bytes())
         }
         None => random,
-    })
+    }
 }
 
 /// 128 random bits as hex.
-fn random_id() -> Result<String, GatewayError> {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 16];
-    ring::rand::SystemRandom::new()
-        .fill(&mut b)
-        .map_err(|_| GatewayError::Internal("no randomness for a session id".into()))?;
-    Ok(b.iter().map(|b| format!("{b:02x}")).collect())
+fn random_id(sealer: &crate::session::Sealer) -> String {
+    hex::encode(sealer.random::<16>())
 }
 
 /// The replica holding session `id`'s stream, when the id names another one (sealed under the
@@ -438,8 +433,9 @@ mod tests {
         assert_eq!(session_param(Some("sessionIdx=1")), None);
         assert_eq!(session_param(Some("sessionId=")), None);
         assert_eq!(session_param(None), None);
-        let id = random_id().unwrap();
+        let sessions = crate::session::Sessions::new(&Default::default());
+        let id = random_id(&sessions.links);
         assert_eq!(id.len(), 32);
-        assert_ne!(id, random_id().unwrap());
+        assert_ne!(id, random_id(&sessions.links));
     }
 }

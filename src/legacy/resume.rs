@@ -129,6 +129,8 @@ impl std::fmt::Display for EventId {
 /// What a new stream needs to know.
 pub struct Hold<'a> {
     pub metrics: &'a Metrics,
+    /// Names the stream in its event ids: 64 random bits (`Sealer::random`).
+    pub token: u64,
     /// The session it belongs to: only that session may resume it.
     pub owner: OwnerKey,
     pub kind: Kind,
@@ -264,9 +266,7 @@ pub fn hold(
     how: Hold<'_>,
     events: BoxStream<'static, Bytes>,
 ) -> Result<BoxStream<'static, Bytes>, BoxStream<'static, Bytes>> {
-    let Some(token) = random_token() else {
-        return Err(events);
-    };
+    let token = how.token;
     let key = (how.metrics.instance(), token);
     let held = Arc::new(Held {
         owner: how.owner,
@@ -337,14 +337,6 @@ pub fn resume(metrics: &Metrics, owner: &OwnerKey, last: &EventId) -> Resumed {
             Resumed::Unknown
         }
     }
-}
-
-/// 64 random bits, never 0.
-fn random_token() -> Option<u64> {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 8];
-    ring::rand::SystemRandom::new().fill(&mut b).ok()?;
-    Some(u64::from_le_bytes(b).max(1))
 }
 
 /// Drives one held stream: keeps what `source` yields until it ends, and ends it (dropping
@@ -569,6 +561,7 @@ pub(super) fn resumable(
     };
     let how = Hold {
         metrics: &core.metrics,
+        token: u64::from_le_bytes(core.sessions.links.random()),
         owner: owner.key,
         kind,
         window: std::time::Duration::from_millis(window),
@@ -656,6 +649,12 @@ fn as_events(
 mod tests {
     use super::*;
 
+    /// A token per stream, as `Sealer::random` would give.
+    fn token() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn ev(n: u32) -> Bytes {
         crate::sse::sse_event(format!("{{\"n\":{n}}}").as_bytes())
     }
@@ -670,6 +669,7 @@ mod tests {
         hold(
             Hold {
                 metrics: m,
+                token: token(),
                 owner: [7; 32],
                 kind: Kind::Answer,
                 window,
@@ -752,6 +752,7 @@ mod tests {
         let m = Metrics::new();
         let how = |owner: u8| Hold {
             metrics: &m,
+            token: token(),
             owner: [owner; 32],
             kind: Kind::Answer,
             window: Duration::from_secs(30),
