@@ -345,7 +345,6 @@ impl BridgeState {
             probe_failed: Default::default(),
             pool: Pool::new(
                 cfg.max_upstream_sessions,
-                cfg.max_upstream_sessions_per_context,
                 Duration::from_millis(cfg.upstream_idle_ms),
             ),
             reaper: AtomicBool::new(false),

@@ -9,10 +9,12 @@
 //! - **a cap** (`max_upstream_sessions`): inserting beyond it evicts the least recently used
 //!   slot no request holds; when every slot is held, the new owner is refused rather than a
 //!   request in flight cut off;
-//! - **a quota per group** (`max_upstream_sessions_per_context`): a 2026-07-28 client's owner
-//!   key includes the capabilities it declares, which it may vary at will; its slots are
-//!   grouped by its authorization context, and a group at its quota makes room among its own
-//!   slots — so one client cannot push everybody else's idle sessions out at the cap;
+//! - **a quota per group**: a 2026-07-28 client's owner key includes the capabilities it
+//!   declares, which it may vary at will, and an authenticated principal may open any number
+//!   of initialize-era client sessions; so slots are grouped — by authorization context
+//!   (`max_upstream_sessions_per_context`), by principal (`max_upstream_sessions_per_principal`)
+//!   — and a group at its quota makes room among its own slots: one client cannot push
+//!   everybody else's idle sessions, and the server state kept in them, out at the cap;
 //! - **idle reaping** (`upstream_idle_ms`, and a legacy client's session expiry): [`Pool::reap`]
 //!   returns what has been unused too long.
 //!
@@ -73,14 +75,19 @@ pub enum Refused {
     Quota,
 }
 
+/// The group a new slot counts against, and how many slots the group may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    pub key: OwnerKey,
+    pub quota: usize,
+}
+
 /// The pool of one backend.
 pub struct Pool<T> {
     /// foldhash: the keys are SHA-256 digests (`bridge::owner`), which nobody can choose to
     /// collide, and SipHash cost more than the rest of a lookup on every bridged request.
     slots: Mutex<Slots<T>>,
     cap: usize,
-    /// Slots one group may hold.
-    quota: usize,
     idle: Duration,
     epoch: Instant,
 }
@@ -94,11 +101,10 @@ pub fn unix_ms() -> u64 {
 }
 
 impl<T> Pool<T> {
-    pub fn new(cap: usize, quota: usize, idle: Duration) -> Pool<T> {
+    pub fn new(cap: usize, idle: Duration) -> Pool<T> {
         Pool {
             slots: Mutex::new(Slots::default()),
             cap: cap.max(1),
-            quota: quota.max(1),
             idle,
             epoch: Instant::now(),
         }
@@ -126,7 +132,7 @@ impl<T> Pool<T> {
     pub fn get_or_insert_with(
         &self,
         key: OwnerKey,
-        group: Option<OwnerKey>,
+        group: Option<Group>,
         expires_ms: u64,
         make: impl FnOnce() -> T,
     ) -> Result<Taken<T>, Refused> {
@@ -150,8 +156,8 @@ impl<T> Pool<T> {
         };
         let mut evicted = Vec::new();
         if let Some(g) = group {
-            let mine = |s: &Slot<T>| s.group == Some(g);
-            while slots.values().filter(|s| mine(s)).count() >= self.quota {
+            let mine = |s: &Slot<T>| s.group == Some(g.key);
+            while slots.values().filter(|s| mine(s)).count() >= g.quota.max(1) {
                 let victim = lru(&slots, &mine).ok_or(Refused::Quota)?;
                 evicted.extend(slots.remove(&victim));
             }
@@ -162,7 +168,7 @@ impl<T> Pool<T> {
         }
         let slot = Arc::new(Slot {
             key,
-            group,
+            group: group.map(|g| g.key),
             value: make(),
             last_used: AtomicU64::new(now),
             expires_ms,
@@ -231,7 +237,7 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_idle_slot_is_evicted_at_the_cap() {
-        let pool = Pool::new(2, 2, Duration::from_secs(60));
+        let pool = Pool::new(2, Duration::from_secs(60));
         let (a, _) = pool
             .get_or_insert_with(key(1), None, u64::MAX, || "a")
             .unwrap();
@@ -270,8 +276,14 @@ mod tests {
 
     #[test]
     fn a_group_at_its_quota_makes_room_among_its_own_slots() {
-        let pool = Pool::new(4, 2, Duration::from_secs(60));
-        let (alice, bob) = (Some(key(100)), Some(key(200)));
+        let pool = Pool::new(4, Duration::from_secs(60));
+        let group = |n| {
+            Some(Group {
+                key: key(n),
+                quota: 2,
+            })
+        };
+        let (alice, bob) = (group(100), group(200));
         drop(pool.get_or_insert_with(key(1), bob, u64::MAX, || "bob"));
         std::thread::sleep(Duration::from_millis(3));
         drop(pool.get_or_insert_with(key(2), None, u64::MAX, || "legacy"));
@@ -299,7 +311,7 @@ mod tests {
 
     #[test]
     fn idle_and_expired_slots_are_reaped_unless_held() {
-        let pool = Pool::new(8, 8, Duration::from_millis(5));
+        let pool = Pool::new(8, Duration::from_millis(5));
         let (held, _) = pool
             .get_or_insert_with(key(1), None, u64::MAX, || 1)
             .unwrap();

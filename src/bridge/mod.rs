@@ -60,7 +60,7 @@ pub use input::FORWARDED;
 pub use input::forget as forget_input;
 pub use input::{InputSide, answer as answer_input, capability_for, expect as expect_input};
 pub use listen::{LISTEN_LIFETIME, set_client_level, to_client};
-pub use owner::{Owner, digest};
+pub use owner::{Group, Owner, digest};
 
 pub use probe::{
     Classification, classify_http, classify_stdio, ensure_verdict, initialize_refusal_is_modern,

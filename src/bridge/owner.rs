@@ -27,11 +27,12 @@ pub struct Owner {
     pub key: OwnerKey,
     /// The cancellation scope: the client (context or legacy session) the requests are of.
     pub scope: OwnerKey,
-    /// The group whose quota of pooled sessions this owner's counts against
-    /// (`max_upstream_sessions_per_context`): a 2026-07-28 client's authorization context,
-    /// since it chooses the capabilities in its key. `None` for an initialize-era client's
-    /// session (one `initialize`, one session) and portico.
-    pub group: Option<OwnerKey>,
+    /// The group whose quota of pooled sessions this owner's counts against: a 2026-07-28
+    /// client's authorization context, since it chooses the capabilities in its key; an
+    /// authenticated principal's, for its initialize-era client sessions, since it opens as
+    /// many as it likes. `None` for portico and an anonymous legacy client (nothing tells two
+    /// anonymous callers apart).
+    pub group: Option<Group>,
     /// The revision asked for in `initialize` (a legacy client's negotiated one; else the
     /// newest the bridge speaks).
     pub version: &'static str,
@@ -51,6 +52,16 @@ pub struct Owner {
     /// How the client receives the server's requests during its calls (`input`); `None`
     /// for portico's own traffic, which refuses them.
     pub input: Option<super::input::InputSide>,
+}
+
+/// Which of a backend's quotas an owner's upstream sessions count against, and the group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// A 2026-07-28 client's authorization context (`max_upstream_sessions_per_context`).
+    Context(OwnerKey),
+    /// An authenticated principal's initialize-era client sessions
+    /// (`max_upstream_sessions_per_principal`).
+    Principal(OwnerKey),
 }
 
 /// A SHA-256 over length-prefixed fields under a purpose label.
@@ -125,7 +136,7 @@ impl Owner {
         Owner {
             key,
             scope,
-            group: Some(scope),
+            group: Some(Group::Context(scope)),
             version: LEGACY_VERSIONS[0],
             capabilities: caps_raw.into(),
             client_info: client_info.map(Into::into),
@@ -136,10 +147,12 @@ impl Owner {
         }
     }
 
-    /// An initialize-era client's session: `session` names it (its sealed nonce), the rest is
-    /// what it said in its own `initialize`.
+    /// An initialize-era client's session: `session` names it (its sealed nonce), `principal`
+    /// is who opened it (when portico authenticated one), the rest is what it said in its own
+    /// `initialize`.
     pub fn legacy_client(
         session: &[u8],
+        principal: Option<&str>,
         version: &str,
         capabilities: &Value,
         client_info: Option<&Value>,
@@ -149,7 +162,8 @@ impl Owner {
         Owner {
             key,
             scope: key,
-            group: None,
+            group: principal
+                .map(|p| Group::Principal(digest(b"portico/owner/principal", &[p.as_bytes()]))),
             version: LEGACY_VERSIONS
                 .iter()
                 .find(|v| **v == version)
@@ -212,13 +226,23 @@ mod tests {
         assert_ne!(a.scope, b.scope);
         assert_eq!(a_sampling.capabilities(), json!({"sampling":{}}));
         assert_eq!(a.client_info(), portico_info());
-        let s1 = Owner::legacy_client(b"n1", "2025-06-18", &json!({}), None, 1);
-        let s2 = Owner::legacy_client(b"n2", "2099-01-01", &json!(null), None, 1);
+        let s1 = Owner::legacy_client(b"n1", None, "2025-06-18", &json!({}), None, 1);
+        let s2 = Owner::legacy_client(b"n2", None, "2099-01-01", &json!(null), None, 1);
         assert_ne!(s1.key, s2.key);
         assert_eq!(s1.version, "2025-06-18");
         assert_eq!(s2.version, LEGACY_VERSIONS[0]);
         assert_eq!(s2.capabilities(), json!({}));
         assert_ne!(Owner::portico().key, a.key);
+        // One principal's legacy sessions count against one group, its own.
+        let group =
+            |n: &[u8], p| Owner::legacy_client(n, p, "2025-06-18", &json!({}), None, 1).group;
+        assert_eq!(group(b"n1", Some("alice")), group(b"n2", Some("alice")));
+        assert_ne!(group(b"n1", Some("alice")), group(b"n1", Some("bob")));
+        assert!(matches!(
+            group(b"n1", Some("alice")),
+            Some(Group::Principal(_))
+        ));
+        assert_eq!(s1.group, None, "anonymous sessions: the cap alone");
     }
 
     #[test]

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
-use super::owner::Owner;
+use super::owner::{Group, Owner};
 use super::probe::{ensure_verdict, initialize_refusal_is_modern, response_of};
 use super::{Bridged, base_headers, collect, upstream_err};
 use crate::backend::{Backend, LegacySession, SessionSlot, Verdict};
 use crate::error::GatewayError;
-use crate::pool::{OwnerKey, Refused, Slot};
+use crate::pool::{self, OwnerKey, Refused, Slot};
 use crate::protocol::header as h;
 use crate::upstream::http::HttpUpstream;
 use crate::upstream::stdio::{CallOptions, StdioUpstream};
@@ -186,7 +186,16 @@ pub(super) async fn session_or_modern(
     deadline: Instant,
 ) -> Result<(Held, Arc<LegacySession>), SessionError> {
     let key = slot_key(b, owner);
-    let group = owner.group.filter(|_| key != OWN);
+    let group = owner.group.filter(|_| key != OWN).map(|g| match g {
+        Group::Context(key) => pool::Group {
+            key,
+            quota: b.cfg.max_upstream_sessions_per_context,
+        },
+        Group::Principal(key) => pool::Group {
+            key,
+            quota: b.cfg.max_upstream_sessions_per_principal,
+        },
+    });
     let (slot, evicted) = match b.bridge.pool.get_or_insert_with(
         key,
         group,
@@ -200,7 +209,7 @@ pub(super) async fn session_or_modern(
                     tracing::warn!(backend = %b.name, "max_upstream_sessions reached and a request holds every upstream session; refused")
                 }
                 Refused::Quota => {
-                    tracing::warn!(backend = %b.name, "max_upstream_sessions_per_context reached and a request holds every upstream session of the client's context; refused")
+                    tracing::warn!(backend = %b.name, "max_upstream_sessions_per_context (or _per_principal) reached and a request holds every upstream session of the client's context (or principal); refused")
                 }
             }
             return Err(SessionError::Failed(GatewayError::Overloaded {
@@ -212,7 +221,7 @@ pub(super) async fn session_or_modern(
         slot.pin();
     }
     for old in evicted {
-        tracing::info!(backend = %b.name, "max_upstream_sessions (or the client context's quota) reached: closing the least recently used upstream session");
+        tracing::info!(backend = %b.name, "max_upstream_sessions (or the client context's or principal's quota) reached: closing the least recently used upstream session");
         tokio::spawn(close_slot(b.clone(), old));
     }
     start_reaper(b);

@@ -54,6 +54,10 @@ pub const DEFAULT_MAX_UPSTREAM_SESSIONS: usize = 64;
 /// Of those, the sessions one 2026-07-28 client's authorization context may hold (one per set
 /// of capabilities it declares); beyond it the context's own least recently used is closed.
 pub const DEFAULT_MAX_UPSTREAM_SESSIONS_PER_CONTEXT: usize = 8;
+/// Of those, the sessions one authenticated principal's initialize-era clients may hold (one
+/// per client session, which it can open at will); beyond it the principal's own least
+/// recently used is closed. Half the default cap: one principal cannot take the whole pool.
+pub const DEFAULT_MAX_UPSTREAM_SESSIONS_PER_PRINCIPAL: usize = 32;
 /// An upstream session unused this long is closed (its client's next request opens a new one).
 pub const DEFAULT_UPSTREAM_IDLE_MS: u64 = 10 * 60 * 1000;
 /// How long a call of an initialize-era backend waits parked for the client's answers to the
@@ -545,6 +549,12 @@ pub struct BackendConfig {
     /// context's own least recently used is closed, never another client's.
     #[serde(default = "default_max_upstream_sessions_per_context")]
     pub max_upstream_sessions_per_context: usize,
+    /// Of `max_upstream_sessions`, how many the initialize-era client sessions of one
+    /// authenticated principal may hold (each `initialize` is a session of its own, so a
+    /// principal may open any number); beyond it the principal's own least recently used is
+    /// closed, never another principal's. Anonymous clients cannot be told apart: the cap alone.
+    #[serde(default = "default_max_upstream_sessions_per_principal")]
+    pub max_upstream_sessions_per_principal: usize,
     /// An upstream session (or per-client stdio child) unused this long is closed.
     #[serde(default = "default_upstream_idle_ms")]
     pub upstream_idle_ms: u64,
@@ -773,6 +783,7 @@ default_fns! {
     default_max_upstream_sessions: usize = DEFAULT_MAX_UPSTREAM_SESSIONS;
     default_max_sse_sessions: usize = DEFAULT_MAX_SSE_SESSIONS;
     default_max_upstream_sessions_per_context: usize = DEFAULT_MAX_UPSTREAM_SESSIONS_PER_CONTEXT;
+    default_max_upstream_sessions_per_principal: usize = DEFAULT_MAX_UPSTREAM_SESSIONS_PER_PRINCIPAL;
     default_upstream_idle_ms: u64 = DEFAULT_UPSTREAM_IDLE_MS;
     default_input_hold_ms: u64 = DEFAULT_INPUT_HOLD_MS;
     default_sampling_ratio: f64 = DEFAULT_SAMPLING_RATIO;

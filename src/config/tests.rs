@@ -192,3 +192,27 @@ fn advertise_url_is_expanded_and_checked() {
         assert!(err.starts_with("sessions.advertise_url"), "{bad}: {err}");
     }
 }
+
+/// The pool's quotas: one per 2026-07-28 context, one per principal's legacy sessions, each at
+/// least 1.
+#[test]
+fn upstream_session_quotas() {
+    let b = "[[backends]]\nname='a'\nurl='http://127.0.0.1:1/'\n";
+    let c = check(b).unwrap();
+    let a = &c.backends[0];
+    assert_eq!(
+        a.max_upstream_sessions_per_context,
+        DEFAULT_MAX_UPSTREAM_SESSIONS_PER_CONTEXT
+    );
+    assert_eq!(
+        a.max_upstream_sessions_per_principal,
+        DEFAULT_MAX_UPSTREAM_SESSIONS_PER_PRINCIPAL
+    );
+    for k in [
+        "max_upstream_sessions_per_context",
+        "max_upstream_sessions_per_principal",
+    ] {
+        let e = check(&format!("{b}{k} = 0\n")).unwrap_err();
+        assert!(e.to_string().contains(k), "{e}");
+    }
+}

@@ -145,6 +145,12 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
                 "must be greater than 0",
             ));
         }
+        if b.max_upstream_sessions_per_principal == 0 {
+            return Err(invalid(
+                key("max_upstream_sessions_per_principal"),
+                "must be greater than 0",
+            ));
+        }
         if b.input_hold_ms == 0 {
             return Err(invalid(key("input_hold_ms"), "must be greater than 0"));
         }

@@ -205,6 +205,7 @@ fn revocation_key(sid: &str, session: &SessionData) -> [u8; 32] {
 fn owner_of(sid: &str, session: &SessionData) -> Arc<bridge::Owner> {
     let mut owner = bridge::Owner::legacy_client(
         session.name(sid),
+        session.pr.as_deref(),
         &session.v,
         &session.caps,
         session.info.as_ref(),

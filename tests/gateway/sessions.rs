@@ -743,6 +743,55 @@ async fn one_client_varying_its_capabilities_cannot_push_out_others_sessions() {
     );
 }
 
+/// `max_upstream_sessions_per_principal`: a principal that opens session after session
+/// (each `initialize` is a new client session, with an upstream session of its own) makes
+/// room among its own past its quota — another principal's idle session, and the state the
+/// server keeps in it, survive.
+#[tokio::test]
+async fn one_principal_opening_sessions_cannot_push_out_anothers() {
+    let mock = MockMcp::legacy().start().await;
+    let gw = Gateway::start(&format!(
+        "[log]\naccess = false\n{}{}",
+        auth(),
+        http_backend(
+            &mock.url(),
+            "max_upstream_sessions = 4\nmax_upstream_sessions_per_principal = 2"
+        )
+    ))
+    .await;
+    let url = gw.url("/mcp/b");
+    let bob = Old::connect(&url, Some(BOB), "{}").await;
+    assert_eq!(
+        text(&bob.tool(json!(1), "store", json!({"value":"kept"})).await),
+        "stored"
+    );
+    for n in 0..10 {
+        let alice = Old::connect(&url, Some(ALICE), "{}").await;
+        let r = alice.tool(json!(n), "echo", json!({"text":"x"})).await;
+        assert_eq!(text(&r), "x", "session {n}");
+    }
+    let st = mock.state.clone();
+    eventually("alice's own sessions deleted", || {
+        st.deleted.lock().unwrap().len() == 8
+    })
+    .await;
+    assert!(
+        !st.deleted.lock().unwrap().contains(&"sess-1".to_string()),
+        "bob's upstream session stays open"
+    );
+    assert_eq!(
+        text(&bob.tool(json!(2), "recall", json!({})).await),
+        "kept",
+        "bob's session and its state are intact"
+    );
+    assert_eq!(mock.session_count(), 3, "bob's and alice's two");
+    assert_eq!(
+        mock.count("initialize"),
+        11,
+        "bob's session was never re-made"
+    );
+}
+
 /// Two replicas with one `[sessions] key` and one Redis: a legacy client's upstream session
 /// follows it to the other replica; `DELETE` on one ends it on both (404), and closes it
 /// upstream. Within a live session an unknown method is 200 + -32601.
