@@ -90,6 +90,9 @@ pub enum GatewayError {
     Forbidden(String),
     #[error("rate limit exceeded; retry after {retry_after_s} s")]
     RateLimited { retry_after_s: u64 },
+    /// An `[[auth.tool_limits]]` bucket of the caller's is empty.
+    #[error("rate limit for tool {tool:?} exceeded; retry after {retry_after_s} s")]
+    ToolRateLimited { tool: String, retry_after_s: u64 },
     #[error("backend {backend} is failing; its circuit breaker is open")]
     CircuitOpen { backend: String },
     #[error("internal error")]
@@ -144,7 +147,7 @@ impl GatewayError {
             }
             Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
-            RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RateLimited { .. } | ToolRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Internal(_) | NameCollision { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -170,7 +173,8 @@ impl GatewayError {
             | OriginForbidden
             | Unauthorized { .. }
             | Forbidden(_)
-            | RateLimited { .. } => code::INVALID_REQUEST,
+            | RateLimited { .. }
+            | ToolRateLimited { .. } => code::INVALID_REQUEST,
             // What the TypeScript SDK sends; legacy clients re-initialize on the 404 itself.
             SessionNotFound => code::SESSION_NOT_FOUND,
             Cancelled => code::REQUEST_CANCELLED,
@@ -217,6 +221,7 @@ impl GatewayError {
             Unauthorized { .. } => "unauthorized",
             Forbidden(_) => "forbidden",
             RateLimited { .. } => "rate_limited",
+            ToolRateLimited { .. } => "tool_rate_limited",
             CircuitOpen { .. } => "circuit_open",
             Internal(_) => "internal",
             NameCollision { .. } => "name_collision",
@@ -283,7 +288,8 @@ impl GatewayError {
                     h.insert(header::WWW_AUTHENTICATE, v);
                 }
             }
-            GatewayError::RateLimited { retry_after_s } => {
+            GatewayError::RateLimited { retry_after_s }
+            | GatewayError::ToolRateLimited { retry_after_s, .. } => {
                 h.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_s));
             }
             GatewayError::CircuitOpen { .. }

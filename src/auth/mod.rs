@@ -3,8 +3,8 @@
 //! Owns: authentication of the client's `Authorization: Bearer` credential (static API keys or
 //! JWTs checked against a JWKS, verified by the `jsonwebtoken` crate), the mapping of a JWT's
 //! team claim to a team, the Protected Resource Metadata document (RFC 9728), team
-//! authorization (`allow_teams`, tool allow/deny), per-principal rate limits, and the cache
-//! partition of a caller.
+//! authorization (`allow_teams`, tool allow/deny), per-principal and per-tool rate limits
+//! (`limits`), and the cache partition of a caller.
 //! Must not: forward the client's credential anywhere (`frontend::forwardable` already drops
 //! it; upstream credentials come from config only), or build error responses (it returns
 //! `GatewayError`s).
@@ -22,6 +22,8 @@
 //! - An unknown `kid` fetches the JWKS URL again at most once per
 //!   `JWKS_UNKNOWN_KID_MIN_INTERVAL`, whatever the tokens say.
 
+mod limits;
+
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 
@@ -37,15 +39,11 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::cache::Partition;
-use crate::config::{AuthConfig, AuthMode, JwtConfig, RateLimitConfig, ToolFilter};
+use crate::config::{AuthConfig, AuthMode, JwtConfig, ToolFilter};
 use crate::error::GatewayError;
 
 /// Path of the Protected Resource Metadata document; per-resource documents append the path.
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
-
-/// Principals tracked per limiter before those whose state is back to full are forgotten
-/// (bounds memory under many JWT subjects).
-const MAX_BUCKETS: usize = 100_000;
 
 /// How long a JWKS fetch may take.
 const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -94,19 +92,6 @@ struct Jwt {
     fetch: tokio::sync::Mutex<Option<Instant>>,
 }
 
-/// One rate: a GCRA limiter (the `governor` crate) keyed by principal.
-type Limiter = governor::DefaultKeyedRateLimiter<String>;
-
-/// A limiter for `rate` (`per_second` may be fractional; `burst` at least 1).
-fn limiter(rate: &RateLimitConfig) -> Limiter {
-    let period = std::time::Duration::from_secs_f64(1.0 / rate.per_second.max(1e-9));
-    let burst = std::num::NonZeroU32::new(rate.burst.max(1)).unwrap_or(std::num::NonZeroU32::MIN);
-    let quota = governor::Quota::with_period(period)
-        .unwrap_or_else(|| governor::Quota::per_second(std::num::NonZeroU32::MIN))
-        .allow_burst(burst);
-    governor::RateLimiter::keyed(quota)
-}
-
 /// Authentication and authorization state for one config generation.
 pub struct Auth {
     mode: AuthMode,
@@ -123,9 +108,8 @@ pub struct Auth {
     api_keys: Vec<([u8; 32], Arc<Principal>)>,
     jwt: Option<Arc<Jwt>>,
     teams: HashMap<String, crate::config::TeamConfig>,
-    /// The `[auth] rate_limit` limiter, and one per team with its own `rate_limit`.
-    default_limiter: Option<Limiter>,
-    team_limiters: HashMap<String, Limiter>,
+    /// The per-principal and per-tool rate limits.
+    limits: limits::Limits,
 }
 
 /// Why a credential was refused (logged; the client sees one generic 401 text per reason).
@@ -241,12 +225,7 @@ impl Auth {
                 .iter()
                 .map(|t| (t.name.clone(), t.clone()))
                 .collect(),
-            default_limiter: cfg.rate_limit.as_ref().map(limiter),
-            team_limiters: cfg
-                .teams
-                .iter()
-                .filter_map(|t| Some((t.name.clone(), limiter(t.rate_limit.as_ref()?))))
-                .collect(),
+            limits: limits::Limits::new(cfg),
         })
     }
 
@@ -456,27 +435,22 @@ impl Auth {
 
     /// Takes one token from the caller's bucket, or says how long to wait.
     pub fn rate_limit(&self, principal: Option<&Principal>) -> Result<(), GatewayError> {
-        let team = principal.and_then(|p| p.team.as_deref());
-        let Some(limiter) = team
-            .and_then(|t| self.team_limiters.get(t))
-            .or(self.default_limiter.as_ref())
-        else {
-            return Ok(());
-        };
-        let key = principal.map(|p| p.id.as_str()).unwrap_or("");
-        if limiter.len() >= MAX_BUCKETS {
-            limiter.retain_recent();
-        }
-        match limiter.check_key(&key.to_string()) {
-            Ok(()) => Ok(()),
-            Err(not_until) => {
-                use governor::clock::Clock;
-                let wait = not_until.wait_time_from(governor::clock::DefaultClock::default().now());
-                Err(GatewayError::RateLimited {
-                    retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
-                })
-            }
-        }
+        self.limits.charge(principal)
+    }
+
+    /// Whether an `[[auth.tool_limits]]` rule covers the caller: its `tools/call` bodies are
+    /// then read and judged before anything is forwarded.
+    pub fn tool_limited(&self, principal: Option<&Principal>) -> bool {
+        self.limits.covers(principal)
+    }
+
+    /// Charges the caller's buckets of the rules naming `tool` (the name the client sees).
+    pub fn charge_tool(
+        &self,
+        principal: Option<&Principal>,
+        tool: &str,
+    ) -> Result<(), GatewayError> {
+        self.limits.charge_tool(principal, tool)
     }
 
     /// Where the metadata of the resource at `path` lives (the `resource_metadata` parameter).

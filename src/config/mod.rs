@@ -607,6 +607,23 @@ pub struct AuthConfig {
     pub rate_limit: Option<RateLimitConfig>,
     #[serde(default)]
     pub teams: Vec<TeamConfig>,
+    /// Per-tool rate limits, each principal a bucket of its own per rule.
+    #[serde(default)]
+    pub tool_limits: Vec<ToolLimitConfig>,
+}
+
+/// `[[auth.tool_limits]]`: a rate for calls of some tools, on top of the principal's
+/// `rate_limit` — for the expensive or dangerous ones.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolLimitConfig {
+    /// Globs (`*`, `?`) over the tool names a client sees (prefixed on an aggregated endpoint).
+    pub tools: Vec<String>,
+    /// Each principal's bucket for its calls of these tools (anonymous callers share one).
+    pub rate_limit: RateLimitConfig,
+    /// Only these teams' principals are limited (empty = every caller).
+    #[serde(default)]
+    pub teams: Vec<String>,
 }
 
 #[derive(

@@ -607,9 +607,24 @@ fn validate_auth(a: &mut AuthConfig, listen: &str) -> Result<(), ConfigError> {
                 .as_ref()
                 .map(|r| (format!("auth.teams[{i}].rate_limit"), r))
         }))
+        .chain(
+            a.tool_limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (format!("auth.tool_limits[{i}].rate_limit"), &l.rate_limit)),
+        )
     {
         if !(r.per_second > 0.0 && r.per_second.is_finite()) || r.burst == 0 {
             return Err(invalid(k, "per_second and burst must be greater than 0"));
+        }
+    }
+    for (i, l) in a.tool_limits.iter().enumerate() {
+        let k = |f: &str| format!("auth.tool_limits[{i}].{f}");
+        if l.tools.is_empty() || l.tools.iter().any(String::is_empty) {
+            return Err(invalid(k("tools"), "must name at least one non-empty glob"));
+        }
+        if let Some(t) = l.teams.iter().find(|t| t.is_empty()) {
+            return Err(invalid(k("teams"), format!("{t:?} is not a team name")));
         }
     }
     Ok(())

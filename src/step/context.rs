@@ -81,6 +81,9 @@ pub struct RequestCtx {
     /// The caller's rate limit has been charged for this request (once, however many
     /// backends the request reaches).
     pub rate_charged: bool,
+    /// The `[[auth.tool_limits]]` buckets have been charged for this request's `tools/call`
+    /// (once, though the step may be taken again for it after a re-probe).
+    pub tool_charged: bool,
     /// portico wrote this 2026-07-28 request on a client's behalf (`portico stdio`), so it also
     /// builds the headers such a client would (`Mcp-Param-*`, `params::param_headers`).
     pub built_by_portico: bool,
@@ -120,6 +123,7 @@ impl RequestCtx {
             principal: None,
             answered: None,
             rate_charged: false,
+            tool_charged: false,
             built_by_portico: false,
             remote: false,
             client: None,

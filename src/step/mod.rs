@@ -9,7 +9,7 @@
 //!    reaches (429);
 //! 3. the team tool policy, on the names the client sees ([`Exposure`]: prefixed on an
 //!    aggregated endpoint) — a `tools/call` it denies is refused (403), a `tools/list` is
-//!    filtered;
+//!    filtered — then the `[[auth.tool_limits]]` buckets of the called tool (429);
 //! 4. `max_concurrent` (503 + `Retry-After`), held until the backend's answer head is in;
 //! 5. the circuit breaker (503 while open);
 //! 6. the shared cache, for cacheable requests;
@@ -146,15 +146,17 @@ fn admit<'c>(
     may_use(ctx, backend)?;
     // 2. rate limit
     charge(core, ctx)?;
-    // 3. team tool policy, on the client's names
-    let policy = core.auth.policy(ctx.principal.as_deref());
-    if let Some(f) = policy {
+    // 3. team tool policy and tool rate limits, on the client's names
+    let principal = ctx.principal.as_deref();
+    let policy = core.auth.policy(principal);
+    let limited = core.auth.tool_limited(principal);
+    if policy.is_some() || limited {
         match req.message {
             Message::Unread { .. } => {
                 // `can_pass_through` never lets this happen; refuse rather than forward a body
                 // nobody judged.
                 return Err(GatewayError::Internal(
-                    "a request under a tool policy must be read".into(),
+                    "a request under a tool policy or tool limit must be read".into(),
                 ));
             }
             Message::Parsed(env) | Message::Judged(env) if env.method == "tools/call" => {
@@ -166,10 +168,15 @@ fn admit<'c>(
                     ));
                 };
                 let exposed = req.exposure.name(name);
-                if !f.allows(&exposed) {
+                if policy.is_some_and(|f| !f.allows(&exposed)) {
                     return Err(GatewayError::Forbidden(format!(
                         "tool {exposed:?} is not allowed for your team"
                     )));
+                }
+                // Once per client request: a call the step takes again (re-probed) is one call.
+                if limited && !ctx.tool_charged {
+                    ctx.tool_charged = true;
+                    core.auth.charge_tool(principal, &exposed)?;
                 }
             }
             Message::Parsed(_) | Message::Judged(_) => {}

@@ -19,6 +19,7 @@ pub fn can_pass_through(
 ) -> bool {
     backend.cfg.verify_body == VerifyBody::Auto
         && core.auth.policy(ctx.principal.as_deref()).is_none()
+        && !core.auth.tool_limited(ctx.principal.as_deref())
         && mh
             .method
             .is_some_and(|m| can_relay(core, ctx, backend, mh, m))

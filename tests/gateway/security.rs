@@ -633,3 +633,113 @@ async fn a_legacy_session_belongs_to_the_principal_that_opened_it() {
     assert_eq!(still.status, 200);
     gw.stop().await;
 }
+
+/// `[[auth.tool_limits]]`: a bucket per principal and rule, on the names the client sees and
+/// charged on every way to the backend — its own URL, an aggregated endpoint, an
+/// initialize-era session (re-initializing gets no fresh bucket); a rule for some teams leaves
+/// the others alone; a caller under a rule has its body read, so headers that say otherwise
+/// are refused, never forwarded.
+#[tokio::test]
+async fn tool_limits_hold_per_principal_on_the_names_the_client_sees() {
+    let mock = MockMcp::modern().start().await;
+    let gw = Gateway::start(&api_keys_config(
+        &mock.url(),
+        r#"
+[[auth.tool_limits]]
+tools = ["*echo"]
+rate_limit = { per_second = 0.001, burst = 3 }
+[[auth.tool_limits]]
+tools = ["add"]
+teams = ["blue"]
+rate_limit = { per_second = 0.001, burst = 1 }
+[[endpoints]]
+path = "/mcp/all"
+backends = [{ name = "m", prefix = "p" }]
+"#,
+    ))
+    .await;
+    let (direct, all) = (gw.url("/mcp/m"), gw.url("/mcp/all"));
+    let (alice, bob) = (bearer(ALICE), bearer(BOB));
+    let call = |url: &str, auth: &str, tool: &str| {
+        let (url, auth, tool) = (url.to_string(), auth.to_string(), tool.to_string());
+        async move {
+            mcp_with(
+                &url,
+                json!(5),
+                "tools/call",
+                json!({"name": tool, "arguments": {"a": 1, "b": 2, "text": "hi"}}),
+                &[("authorization", &auth)],
+            )
+            .await
+        }
+    };
+    // Alice's "*echo" bucket holds 3, across both URLs.
+    assert_eq!(call(&direct, &alice, "echo").await.status, 200);
+    assert_eq!(call(&all, &alice, "p__echo").await.status, 200);
+    assert_eq!(call(&direct, &alice, "echo").await.status, 200);
+    for (url, name) in [(&direct, "echo"), (&all, "p__echo")] {
+        let limited = call(url, &alice, name).await;
+        assert_eq!(limited.status, 429, "{name}: {:?}", limited.body);
+        assert_eq!(limited.code(), -32600);
+        assert_eq!(limited.json()["id"], 5);
+        let message = limited.json()["error"]["message"].to_string();
+        assert!(message.contains(&format!("\\\"{name}\\\"")), "{message}");
+        let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
+        assert!(retry >= 1, "retry-after {retry}");
+    }
+    assert_eq!(
+        mock.count("tools/call"),
+        3,
+        "refused calls never reach the backend"
+    );
+    // Other tools are not counted by that rule; "add" is limited for team blue only.
+    assert_eq!(call(&direct, &alice, "whoami").await.status, 200);
+    assert_eq!(call(&direct, &alice, "add").await.status, 200);
+    assert_eq!(call(&direct, &alice, "add").await.status, 429);
+    for _ in 0..3 {
+        assert_eq!(call(&direct, &bob, "add").await.status, 200, "bob is red");
+    }
+    // Headers that say "a list" over a body that calls the limited tool: read, and refused.
+    let calls_before = mock.count("tools/call");
+    let mut h = modern_headers("tools/list", None);
+    h.push(("authorization", &alice));
+    let body = modern_body(
+        json!(9),
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": "hi"}}),
+    );
+    let forged = send("POST", &direct, &h, body).await;
+    assert_eq!(forged.status, 400, "{:?}", forged.body);
+    assert_eq!(mock.count("tools/call"), calls_before, "never forwarded");
+    // Bob's bucket is his own; his initialize-era sessions draw on it, a new session too.
+    assert_eq!(call(&direct, &bob, "echo").await.status, 200);
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"old","version":"1"}}});
+    let echo = json!({"jsonrpc":"2.0","id":1,"method":"tools/call",
+        "params":{"name":"echo","arguments":{"text":"hi"}}})
+    .to_string();
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let r = send(
+            "POST",
+            &direct,
+            &legacy_headers(&bob, None),
+            init.to_string(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let sid = r.header("mcp-session-id").unwrap().to_string();
+        for _ in 0..2 {
+            let r = send(
+                "POST",
+                &direct,
+                &legacy_headers(&bob, Some(&sid)),
+                echo.clone(),
+            )
+            .await;
+            statuses.push(r.status);
+        }
+    }
+    assert_eq!(statuses, [200, 200, 429, 429]);
+    gw.stop().await;
+}
