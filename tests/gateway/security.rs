@@ -645,6 +645,8 @@ async fn tool_limits_hold_per_principal_on_the_names_the_client_sees() {
     let gw = Gateway::start(&api_keys_config(
         &mock.url(),
         r#"
+[metrics]
+listen = "127.0.0.1:0"
 [[auth.tool_limits]]
 tools = ["*echo"]
 rate_limit = { per_second = 0.001, burst = 3 }
@@ -741,5 +743,17 @@ backends = [{ name = "m", prefix = "p" }]
         }
     }
     assert_eq!(statuses, [200, 200, 429, 429]);
+    // Each refusal counted under its own reason, on the endpoint it came to.
+    let scrape = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let text = String::from_utf8_lossy(&scrape.body).to_string();
+    let refused: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("portico_request_errors_total{")
+                && l.contains("reason=\"tool_rate_limited\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(refused, 5.0, "{text}");
     gw.stop().await;
 }
