@@ -286,6 +286,7 @@ fn main() -> ExitCode {
         }
     };
     let _log = init_logging(&config.log);
+    raise_open_file_limit();
     // One worker: a current-thread runtime. Everything then runs on the thread that accepts,
     // with no work-stealing queues or cross-thread wake-ups — measurably cheaper per request
     // (benches/) when the operator has pinned portico to one core anyway.
@@ -328,6 +329,17 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// Raises the soft open-file limit to the hard one, as nginx's `worker_rlimit_nofile` or Go's
+/// runtime do: every client connection, upstream connection and stdio child's pipe is a file
+/// descriptor, and the usual soft default (1024) would refuse connections long before the
+/// machine runs out of anything. `[server] max_connections = 0` then takes half of it.
+fn raise_open_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::info!(open_files = limit, "open-file limit"),
+        Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
+    }
 }
 
 /// Logs (the access log included) go to stderr through `logsink`'s buffer and writer thread:

@@ -172,6 +172,8 @@ pub struct Metrics {
     listen_streams: IntGaugeVec,
     held_streams: IntGauge,
     stream_resumes: IntCounterVec,
+    connection_cap: IntGauge,
+    connection_waits: IntCounter,
 }
 
 /// Counts one open notification stream (a `subscriptions/listen` answer, or an initialize-era
@@ -385,6 +387,18 @@ impl Metrics {
              streams and resource subscriptions), by endpoint.",
             &["endpoint"],
         );
+        let connection_cap = IntGauge::new(
+            "portico_client_connections_max",
+            "Client connections the listener keeps open at once (server.max_connections, or \
+             half the open-file limit); past it new ones wait in the listen backlog.",
+        )
+        .expect("static metric definition");
+        let connection_waits = IntCounter::new(
+            "portico_connection_limit_waits_total",
+            "Times the listener stopped accepting because server.max_connections client \
+             connections were open (newcomers waited in the listen backlog).",
+        )
+        .expect("static metric definition");
         let held_streams = IntGauge::new(
             "portico_resumable_streams",
             "Initialize-era clients' SSE streams held so that a GET with Last-Event-ID can take \
@@ -423,6 +437,8 @@ impl Metrics {
             Box::new(listen_streams.clone()),
             Box::new(held_streams.clone()),
             Box::new(stream_resumes.clone()),
+            Box::new(connection_cap.clone()),
+            Box::new(connection_waits.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -445,7 +461,20 @@ impl Metrics {
             listen_streams,
             held_streams,
             stream_resumes,
+            connection_cap,
+            connection_waits,
         }
+    }
+
+    /// The listener's cap on open client connections.
+    pub fn set_connection_cap(&self, cap: usize) {
+        self.connection_cap
+            .set(i64::try_from(cap).unwrap_or(i64::MAX));
+    }
+
+    /// The listener stopped accepting at its cap.
+    pub fn connection_limit_reached(&self) {
+        self.connection_waits.inc();
     }
 
     /// Counts an initialize-era client's SSE stream as held (resumable) until the guard drops.
@@ -673,6 +702,12 @@ fn state_families(mirrors: &Mirrors<'_>) -> Vec<MetricFamily> {
     };
 
     let mut out = Vec::new();
+    out.extend(single(
+        "portico_client_connections",
+        "Client connections open now (every listener, TLS or not).",
+        OPEN_CONNECTIONS.load(Ordering::Relaxed) as u64,
+        false,
+    ));
     if let Some(read) = LOG_DROPS.get() {
         out.extend(single(
             "portico_log_lines_dropped_total",

@@ -177,6 +177,11 @@ pub struct ServerConfig {
     /// `POST <route>/messages`) open at once on this replica; 0 turns the transport off.
     #[serde(default = "default_max_sse_sessions")]
     pub max_sse_sessions: usize,
+    /// Client connections open at once on the listener; past it new ones wait in the
+    /// kernel's listen backlog until one closes. 0 = automatic: half the process's open-file
+    /// limit (the rest stays for upstream connections, stdio children, Redis and files).
+    #[serde(default)]
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -196,6 +201,7 @@ impl Default for ServerConfig {
             sse_keepalive_ms: DEFAULT_SSE_KEEPALIVE_MS,
             max_stream_ms: 0,
             max_sse_sessions: DEFAULT_MAX_SSE_SESSIONS,
+            max_connections: 0,
         }
     }
 }

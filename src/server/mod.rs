@@ -25,6 +25,33 @@ use crate::state::State;
 /// How long a TLS handshake may take.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// With `max_connections = 0`, client connections get the open-file limit divided by this:
+/// the rest stays for what portico opens itself (upstream connections, stdio children's
+/// pipes, Redis, the config and TLS files), which must not fail because clients took it all.
+const AUTO_CONNECTIONS_DIVISOR: u64 = 2;
+
+/// The automatic cap when the open-file limit is unlimited or cannot be read.
+const FALLBACK_MAX_CONNECTIONS: usize = 65_536;
+
+/// How often, at most, the listener says that it stopped accepting at `max_connections`.
+const LIMIT_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How many client connections may be open at once: `[server] max_connections`, or with 0
+/// half the process's open-file limit as it stands (`main` raised it to the hard limit).
+pub fn connection_cap(configured: usize) -> usize {
+    let cap = if configured > 0 {
+        configured
+    } else {
+        match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+            Ok((soft, _)) if soft != rlimit::INFINITY => {
+                usize::try_from(soft / AUTO_CONNECTIONS_DIVISOR).unwrap_or(FALLBACK_MAX_CONNECTIONS)
+            }
+            _ => FALLBACK_MAX_CONNECTIONS,
+        }
+    };
+    cap.clamp(1, tokio::sync::Semaphore::MAX_PERMITS)
+}
+
 /// Builds the TLS acceptor when `tls_cert`/`tls_key` are configured.
 pub fn tls_acceptor(cfg: &ServerConfig) -> Result<Option<TlsAcceptor>, String> {
     let (Some(cert), Some(key)) = (&cfg.tls_cert, &cfg.tls_key) else {
@@ -82,7 +109,35 @@ pub async fn serve(
     // close, and the sender's `closed()` tells when the last one is gone.
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
+    // One permit per open connection: at the cap the loop stops accepting, and newcomers wait
+    // in the listen backlog (their connect succeeds; their first request is answered once a
+    // connection closes) rather than taking the file descriptors portico needs upstream.
+    let cap = connection_cap(cfg.max_connections);
+    shared.load().metrics.set_connection_cap(cap);
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    let mut warned: Option<std::time::Instant> = None;
     loop {
+        let permit = match slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                shared.load().metrics.connection_limit_reached();
+                if warned.is_none_or(|t| t.elapsed() >= LIMIT_WARN_INTERVAL) {
+                    warned = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        max_connections = cap,
+                        "server.max_connections are open: new connections wait in the listen backlog until one closes"
+                    );
+                }
+                tokio::select! {
+                    permit = slots.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        // The semaphore is never closed.
+                        Err(_) => break,
+                    },
+                    _ = &mut shutdown => break,
+                }
+            }
+        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
@@ -96,7 +151,7 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let open = crate::metrics::OpenConnection::new();
+        let open = (crate::metrics::OpenConnection::new(), permit);
         let shared = shared.clone();
         let builder = builder.clone();
         let mut stop = stop_rx.clone();

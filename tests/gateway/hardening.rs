@@ -926,3 +926,68 @@ async fn removed_methods_are_never_forwarded() {
     assert_eq!(r.status, 200, "{:?}", r.body);
     gw.stop().await;
 }
+
+/// The real binary started under a soft open-file limit of 256 raises it to the hard limit,
+/// and with `max_connections` unset keeps half of it for clients (the metric says so).
+#[tokio::test]
+async fn the_binary_raises_its_open_file_limit_and_caps_clients_at_half() {
+    let free = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (port, metrics_port) = (free(), free());
+    let dir = std::env::temp_dir().join(format!("portico-nofile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("portico.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n[log]\naccess = false\nlevel = \"warn\"\n\
+             [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
+             [[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n"
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -S -n 256 && exec \"$0\" --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_portico"))
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("portico starts");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", metrics_port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "portico never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = child.id().expect("running");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let (soft, hard) = limits
+        .lines()
+        .find_map(|l| {
+            let rest = l.strip_prefix("Max open files")?;
+            let mut f = rest.split_whitespace();
+            Some((f.next()?.to_string(), f.next()?.to_string()))
+        })
+        .expect("a Max open files line");
+    let scrape = send(
+        "GET",
+        &format!("http://127.0.0.1:{metrics_port}/metrics"),
+        &[],
+        "",
+    )
+    .await;
+    let _ = child.kill().await;
+    assert_eq!(soft, hard, "the soft limit was raised to the hard one");
+    let hard: u64 = hard.parse().expect("a finite hard limit here");
+    let text = String::from_utf8_lossy(&scrape.body).to_string();
+    let cap = format!("\nportico_client_connections_max {}\n", hard / 2);
+    assert!(text.contains(&cap), "want{cap}in\n{text}");
+}

@@ -757,3 +757,61 @@ backends = [{ name = "m", prefix = "p" }]
     assert_eq!(refused, 5.0, "{text}");
     gw.stop().await;
 }
+
+/// `[server] max_connections`: at the cap the listener stops accepting — a newcomer's
+/// connect succeeds (the kernel's backlog) but its request waits, unanswered, until an open
+/// connection closes; then it is served. Counted and exported.
+#[tokio::test]
+async fn max_connections_holds_newcomers_in_the_backlog_until_one_closes() {
+    let gw = Gateway::start(
+        "[server]\nmax_connections = 2\n[metrics]\nlisten = \"127.0.0.1:0\"\n\
+         [[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n",
+    )
+    .await;
+    let first = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let mut second = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    // The second is served (so both are accepted before the newcomer comes).
+    let get = b"GET /no/such/route HTTP/1.1\r\nHost: x\r\n\r\n";
+    second.write_all(get).await.unwrap();
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), second.read_exact(&mut head))
+        .await
+        .expect("the second connection is answered")
+        .unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 "), "{head:?}");
+    let mut third = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect(gw.addr),
+    )
+    .await
+    .expect("the kernel completes the connect")
+    .unwrap();
+    third.write_all(get).await.unwrap();
+    let mut byte = [0u8; 1];
+    let waited = tokio::time::timeout(Duration::from_millis(400), third.read(&mut byte)).await;
+    assert!(
+        waited.is_err(),
+        "the third connection was served at the cap"
+    );
+    drop(first);
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), third.read_exact(&mut head))
+        .await
+        .expect("served once a connection closed")
+        .unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 "), "{head:?}");
+    let scrape = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let text = String::from_utf8_lossy(&scrape.body).to_string();
+    assert!(
+        text.contains("\nportico_client_connections_max 2\n"),
+        "{text}"
+    );
+    let waits: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("portico_connection_limit_waits_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no waits counter in\n{text}"));
+    assert!(waits >= 1.0, "{waits}");
+    assert!(text.contains("\nportico_client_connections "), "{text}");
+    gw.stop().await;
+}
