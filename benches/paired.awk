@@ -21,7 +21,8 @@ BEGIN {
         "portico-agg:nginx-list:0.5 portico-agg-cache:portico-cache:0.8 " \
         "portico:portico-base:0 portico-verify:portico-verify-base:0 portico-legacy:portico-legacy-base:0 " \
         "portico-agg:portico-agg-base:0 portico-agg-call:portico-agg-call-base:0 " \
-        "portico-trace001:portico-trace001-base:0 portico-tls:portico-tls-base:0 portico-h2:portico-h2-base:0", pairs, " ")
+        "portico-trace001:portico-trace001-base:0 portico-tls:portico-tls-base:0 portico-h2:portico-h2-base:0 " \
+        "portico-log:portico-log-base:0", pairs, " ")
     for (i = 1; i <= npairs; i++) {
         split(pairs[i], f, ":")
         ptarget[i] = f[1]; pref[i] = f[2]; pbound[i] = f[3] + 0

@@ -30,7 +30,7 @@ DURATION=${DURATION:-$_duration}           # seconds per measurement
 WARMUP=${WARMUP:-1}                        # seconds of unrecorded load before each measurement
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}      # wrk connections
 DEFAULT_TARGETS="direct direct-list nginx nginx-list portico nginx-log portico-log nginx-tls portico-tls nginx-h2 portico-h2 direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call portico-verify portico-cache portico-redis portico-agg portico-agg-cache portico-agg-call portico-legacy direct-py portico-py-cache"
-ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-verify-base portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-agg-call portico-agg-call-base portico-legacy portico-legacy-base nginx-log portico-log nginx-tls portico-tls portico-tls-base nginx-h2 portico-h2 portico-h2-base direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
+ALL_TARGETS="direct direct-list nginx nginx-list portico portico-base portico-trace1 portico-trace001 portico-trace001-base portico-list portico-verify portico-verify-base portico-cache portico-redis portico-agg portico-agg-cache portico-agg-base portico-agg-call portico-agg-call-base portico-legacy portico-legacy-base nginx-log portico-log portico-log-base nginx-tls portico-tls portico-tls-base nginx-h2 portico-h2 portico-h2-base direct-hyper nginx-hyper portico-hyper direct-py-call nginx-py-call portico-py-call direct-py portico-py-cache"
 TARGETS=${TARGETS:-$DEFAULT_TARGETS}
 [[ $TARGETS == all ]] && TARGETS=$ALL_TARGETS
 WORKERS=${WORKERS:-1}                      # portico [server] workers = nginx worker_processes
@@ -73,7 +73,7 @@ declare -A T_SERVER=(
     [portico-agg]=agg [portico-agg-cache]=aggc [portico-agg-base]=aggbase [portico-agg-call]=agg [portico-agg-call-base]=aggbase [portico-legacy]=legacy [portico-legacy-base]=legacybase
     [direct-py]=py [portico-py-cache]=pycache
     [direct-hyper]=hb [nginx-hyper]=nginxh [portico-hyper]=passh
-    [nginx-log]=nginxl [portico-log]=passlog
+    [nginx-log]=nginxl [portico-log]=passlog [portico-log-base]=passlogbase
     [direct-py-call]=py [nginx-py-call]=nginxp [portico-py-call]=passp
     [nginx-tls]=nginxtls [nginx-h2]=nginxtls [portico-tls]=tls [portico-h2]=h2 [portico-tls-base]=tlsbase [portico-h2-base]=h2base
 )
@@ -84,7 +84,7 @@ declare -A T_METHOD=(
     [portico-agg-call]=tools/call [portico-agg-call-base]=tools/call
     [portico-legacy]=tools/call [portico-legacy-base]=tools/call [direct-py]=tools/list [portico-py-cache]=tools/list
     [direct-hyper]=tools/call [nginx-hyper]=tools/call [portico-hyper]=tools/call
-    [nginx-log]=tools/call [portico-log]=tools/call
+    [nginx-log]=tools/call [portico-log]=tools/call [portico-log-base]=tools/call
     [direct-py-call]=tools/call [nginx-py-call]=tools/call [portico-py-call]=tools/call
     [nginx-tls]=tools/call [nginx-h2]=tools/call [portico-tls]=tools/call [portico-h2]=tools/call [portico-tls-base]=tools/call [portico-h2-base]=tools/call
 )
@@ -95,7 +95,7 @@ declare -A T_PATH=(
     [portico-agg-call]=/mcp [portico-agg-call-base]=/mcp
     [portico-legacy]=/mcp/legacy [portico-legacy-base]=/mcp/legacy [direct-py]=/mcp [portico-py-cache]=/mcp/py
     [direct-hyper]=/mcp [nginx-hyper]=/mcp [portico-hyper]=/mcp/hyper
-    [nginx-log]=/mcp [portico-log]=/mcp/bench
+    [nginx-log]=/mcp [portico-log]=/mcp/bench [portico-log-base]=/mcp/bench
     [direct-py-call]=/mcp [nginx-py-call]=/mcp [portico-py-call]=/mcp/py
     [nginx-tls]=/mcp [nginx-h2]=/mcp [portico-tls]=/mcp/bench [portico-h2]=/mcp/bench [portico-tls-base]=/mcp/bench [portico-h2-base]=/mcp/bench
 )
@@ -105,7 +105,7 @@ declare -A T_BACKEND=(
     [portico-verify]=b1 [portico-verify-base]=b1 [portico-cache]=b1 [portico-redis]=b1 [portico-agg]=b2 [portico-agg-cache]=b2 [portico-agg-base]=b2 [portico-agg-call]=b2 [portico-agg-call-base]=b2 [portico-legacy]=bl [portico-legacy-base]=bl
     [direct-py]=py [portico-py-cache]=py
     [direct-hyper]=hb [nginx-hyper]=hb [portico-hyper]=hb
-    [nginx-log]=b1 [portico-log]=b1
+    [nginx-log]=b1 [portico-log]=b1 [portico-log-base]=b1
     [direct-py-call]=py [nginx-py-call]=py [portico-py-call]=py
     [nginx-tls]=b1 [nginx-h2]=b1 [portico-tls]=b1 [portico-h2]=b1 [portico-tls-base]=b1 [portico-h2-base]=b1
 )
@@ -114,7 +114,7 @@ declare -A T_BACKEND=(
 declare -A T_TOOL=([portico-agg-call]=b2__echo [portico-agg-call-base]=b2__echo)
 tool_of() { echo "${T_TOOL[$1]:-echo}"; }
 # Every portico instance the script can start (one process per configuration).
-INSTANCES="pass base trace1 trace001 trace001base verify verifybase cache redis agg aggc aggbase legacy legacybase passh passp passlog tls h2 tlsbase h2base pycache"
+INSTANCES="pass base trace1 trace001 trace001base verify verifybase cache redis agg aggc aggbase legacy legacybase passh passp passlog passlogbase tls h2 tlsbase h2base pycache"
 for t in $TARGETS; do
     [[ -n ${T_SERVER[$t]:-} ]] || die "unknown target '$t' (known: $ALL_TARGETS, or TARGETS=all)"
 done
@@ -161,7 +161,7 @@ fi
 [[ -x $PORTICO_BIN ]] || die "no portico binary at $PORTICO_BIN"
 [[ -x $BACKEND_BIN ]] || die "no bench backend binary at $BACKEND_BIN"
 if wants hb || wants passh; then [[ -x $HYPER_BIN ]] || die "no hyper backend binary at $HYPER_BIN"; fi
-if wants base || wants legacybase || wants aggbase || wants trace001base || wants verifybase || wants tlsbase || wants h2base; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base, portico-legacy-base, portico-agg-base, portico-trace001-base, portico-verify-base, portico-tls-base and portico-h2-base need BASE_BIN=<another portico binary>"; fi
+if wants base || wants passlogbase || wants legacybase || wants aggbase || wants trace001base || wants verifybase || wants tlsbase || wants h2base; then [[ -n $BASE_BIN && -x $BASE_BIN ]] || die "targets portico-base, portico-legacy-base, portico-agg-base, portico-trace001-base, portico-verify-base, portico-tls-base and portico-h2-base (and portico-log-base) need BASE_BIN=<another portico binary>"; fi
 
 # ---------------------------------------------------------------- processes
 TMP=$(mktemp -d /tmp/portico-bench.XXXXXX) || die "mktemp failed"
@@ -227,7 +227,7 @@ drain_timeout_ms = 1000
 $([[ $name == tls || $name == h2 || $name == tlsbase || $name == h2base ]] && printf 'tls_cert = "%s"\ntls_key = "%s"\n' "$TLS_CERT" "$TLS_KEY")
 
 [log]
-access = $([[ $ACCESS_LOG == 1 || $name == passlog ]] && echo true || echo false)
+access = $([[ $ACCESS_LOG == 1 || $name == passlog || $name == passlogbase ]] && echo true || echo false)
 level = "info"
 
 [sessions]
@@ -244,7 +244,7 @@ EOF
     esac
     echo
     case $name in
-    pass | base | trace1 | trace001 | trace001base | verify | verifybase | cache | redis | passlog | tls | h2 | tlsbase | h2base)
+    pass | base | trace1 | trace001 | trace001base | verify | verifybase | cache | redis | passlog | passlogbase | tls | h2 | tlsbase | h2base)
         cat <<EOF
 [[backends]]
 name = "bench"
@@ -290,7 +290,7 @@ EOF
 
 start_portico() { # instance name
     local name=$1 conf=$TMP/portico-$1.toml bin=$PORTICO_BIN
-    [[ $name == base || $name == legacybase || $name == aggbase || $name == trace001base || $name == verifybase || $name == tlsbase || $name == h2base ]] && bin=$BASE_BIN
+    [[ $name == base || $name == passlogbase || $name == legacybase || $name == aggbase || $name == trace001base || $name == verifybase || $name == tlsbase || $name == h2base ]] && bin=$BASE_BIN
     pick_port; PORT[$name]=$FREE_PORT
     portico_conf "$name" "$FREE_PORT" >"$conf"
     if ! "$bin" --check --config "$conf" >"$TMP/$name.check" 2>&1; then
@@ -814,6 +814,7 @@ inst_desc() {
     passh) echo "portico-hyper (pass-through to the plain hyper backend)" ;;
     passp) echo "portico-py-call (pass-through to the Python SDK server)" ;;
     passlog) echo "portico-log (pass-through, access log on)" ;;
+    passlogbase) echo "portico-log-base (pass-through, access log on, BASE_BIN)" ;;
     tls) echo "portico-tls (pass-through, TLS, HTTP/1.1 load)" ;;
     h2) echo "portico-h2 (pass-through, TLS, h2 load)" ;;
     tlsbase) echo "portico-tls-base (pass-through, TLS, HTTP/1.1 load, BASE_BIN)" ;;

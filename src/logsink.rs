@@ -176,6 +176,11 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogSink {
 pub struct Access<'a> {
     pub method: &'static str,
     pub backend: &'a str,
+    /// The tool a `tools/call` named (`-` for other requests).
+    pub tool: &'a str,
+    /// Who called: the authenticated principal and its team (`-` when none).
+    pub principal: &'a str,
+    pub team: &'a str,
     pub status: u16,
     pub duration_us: u64,
     pub passthrough: bool,
@@ -210,16 +215,29 @@ pub fn access(a: &Access<'_>) -> bool {
     true
 }
 
-/// `<timestamp>  INFO portico::access: method="…" backend="…" status=200 duration_us=…
+/// `<timestamp>  INFO portico::access: method="…" backend="…" tool="…" principal="…" team="…"
+/// status=200 duration_us=…
 /// passthrough=true cache="…" error="…" traceparent="…"` (string fields `Debug`-quoted, as
 /// `tracing`'s text format writes them).
 pub fn access_text(buf: &mut Vec<u8>, now: SystemTime, a: &Access<'_>) {
-    buf.reserve(160 + a.backend.len() + a.traceparent.len());
+    buf.reserve(
+        200 + a.backend.len()
+            + a.tool.len()
+            + a.principal.len()
+            + a.team.len()
+            + a.traceparent.len(),
+    );
     push_timestamp(buf, now);
     buf.extend_from_slice(b"  INFO portico::access: method=");
     push_label(buf, a.method);
     buf.extend_from_slice(b" backend=");
     push_debug_str(buf, a.backend);
+    buf.extend_from_slice(b" tool=");
+    push_debug_str(buf, a.tool);
+    buf.extend_from_slice(b" principal=");
+    push_debug_str(buf, a.principal);
+    buf.extend_from_slice(b" team=");
+    push_debug_str(buf, a.team);
     buf.extend_from_slice(b" status=");
     push_u64(buf, u64::from(a.status));
     buf.extend_from_slice(b" duration_us=");
@@ -240,13 +258,25 @@ pub fn access_text(buf: &mut Vec<u8>, now: SystemTime, a: &Access<'_>) {
 /// `{"timestamp":"…","level":"INFO","method":…,"target":"portico::access"}`: `tracing`'s JSON
 /// format with the event's fields flattened.
 pub fn access_json(buf: &mut Vec<u8>, now: SystemTime, a: &Access<'_>) {
-    buf.reserve(200 + a.backend.len() + a.traceparent.len());
+    buf.reserve(
+        240 + a.backend.len()
+            + a.tool.len()
+            + a.principal.len()
+            + a.team.len()
+            + a.traceparent.len(),
+    );
     buf.extend_from_slice(b"{\"timestamp\":\"");
     push_timestamp(buf, now);
     buf.extend_from_slice(b"\",\"level\":\"INFO\",\"method\":");
     push_label(buf, a.method);
     buf.extend_from_slice(b",\"backend\":");
     push_json_str(buf, a.backend);
+    buf.extend_from_slice(b",\"tool\":");
+    push_json_str(buf, a.tool);
+    buf.extend_from_slice(b",\"principal\":");
+    push_json_str(buf, a.principal);
+    buf.extend_from_slice(b",\"team\":");
+    push_json_str(buf, a.team);
     buf.extend_from_slice(b",\"status\":");
     push_u64(buf, u64::from(a.status));
     buf.extend_from_slice(b",\"duration_us\":");
@@ -406,6 +436,9 @@ mod tests {
         Access {
             method: "tools/call",
             backend,
+            tool: "echo",
+            principal: "alice",
+            team: "-",
             status: 200,
             duration_us: 1001,
             passthrough: true,
@@ -422,8 +455,8 @@ mod tests {
         assert_eq!(
             String::from_utf8(buf).unwrap(),
             "2026-12-04T18:37:32.086630Z  INFO portico::access: method=\"tools/call\" \
-             backend=\"bench\" status=200 duration_us=1001 passthrough=true cache=\"-\" \
-             error=\"\" traceparent=\"\"\n"
+             backend=\"bench\" tool=\"echo\" principal=\"alice\" team=\"-\" status=200 \
+             duration_us=1001 passthrough=true cache=\"-\" error=\"\" traceparent=\"\"\n"
         );
         // Quotes and control characters are escaped as Debug escapes them.
         let mut buf = Vec::new();
@@ -449,6 +482,9 @@ mod tests {
         assert_eq!(v["level"], "INFO");
         assert_eq!(v["target"], "portico::access");
         assert_eq!(v["backend"], "we\"ird\u{1}");
+        assert_eq!(v["tool"], "echo");
+        assert_eq!(v["principal"], "alice");
+        assert_eq!(v["team"], "-");
         assert_eq!(v["status"], 200);
         assert_eq!(v["duration_us"], 1001);
         assert_eq!(v["passthrough"], true);

@@ -210,6 +210,7 @@ async fn modern(
     // 4. header checks
     let mh = frontend::check_modern_head(&head)?;
     ctx.method = mh.method.map(str::to_owned);
+    ctx.note_tool(mh.method, mh.name);
     // From the request's start: one clock read fewer, and the timeout counts portico's own time.
     // A listen stream is long-lived by design: held open past `timeout_ms` (keep-alive
     // comments meanwhile, `[server] sse_keepalive_ms`), bounded by `LISTEN_LIFETIME`.
@@ -307,6 +308,10 @@ fn judge(
     if ctx.method.is_none() {
         ctx.method = Some(env.method.clone());
     }
+    // The body's name, not the header's: a request whose headers disagree is logged as what
+    // it would have called.
+    ctx.tool = None;
+    ctx.note_tool(Some(&env.method), env.name.as_deref());
     frontend::verify_modern(head, mh, &env)?;
     Ok(env)
 }

@@ -129,6 +129,8 @@ impl State {
                 passthrough: ctx.passthrough,
                 status: ctx.status,
                 error: ctx.error,
+                tool: ctx.tool.as_deref(),
+                principal: ctx.principal.as_deref().map(|p| p.id.as_str()),
             });
         }
         let elapsed = ctx.elapsed();
@@ -153,6 +155,13 @@ impl State {
         let line = crate::logsink::Access {
             method,
             backend: ctx.route.as_deref().unwrap_or("-"),
+            tool: ctx.tool.as_deref().unwrap_or("-"),
+            principal: ctx.principal.as_deref().map_or("-", |p| p.id.as_str()),
+            team: ctx
+                .principal
+                .as_deref()
+                .and_then(|p| p.team.as_deref())
+                .unwrap_or("-"),
             status: ctx.status,
             duration_us: elapsed.as_micros() as u64,
             passthrough: ctx.passthrough,
@@ -169,6 +178,9 @@ impl State {
                 target: "portico::access",
                 method = line.method,
                 backend = line.backend,
+                tool = line.tool,
+                principal = line.principal,
+                team = line.team,
                 status = line.status,
                 duration_us = line.duration_us,
                 passthrough = line.passthrough,

@@ -223,6 +223,10 @@ pub struct Finish<'a> {
     pub status: u16,
     /// portico's own failure reason, if any.
     pub error: Option<&'a str>,
+    /// The tool a `tools/call` named, as the client named it.
+    pub tool: Option<&'a str>,
+    /// The authenticated principal.
+    pub principal: Option<&'a str>,
 }
 
 impl Trace {
@@ -316,6 +320,9 @@ impl Trace {
             ("portico.cache", f.cache),
             ("portico.client_era", f.client_era),
             ("error.type", f.error),
+            // OpenTelemetry's GenAI and general conventions for the tool and the caller.
+            ("gen_ai.tool.name", f.tool),
+            ("enduser.id", f.principal),
         ];
         for (key, value) in optional {
             if let Some(v) = value {

@@ -268,6 +268,7 @@ pub async fn serve(
     if ctx.method.is_none() {
         ctx.method = Some(env.method.clone());
     }
+    ctx.note_tool(Some(&env.method), env.name.as_deref());
     frontend::verify_modern(&head, &mh, &env)?;
     let deadline = Instant::now() + ep.timeout;
     let reply = answer(core, ctx, ep, headers, &env, body, deadline).await?;

@@ -151,6 +151,7 @@ async fn element(
     }
     ctx.id = env.id.clone();
     ctx.method = Some(env.method.clone());
+    ctx.note_tool(Some(&env.method), env.name.as_deref());
     let resp = match in_session(
         core, generation, ctx, route, headers, head, &env, body, session, deadline,
     )

@@ -63,6 +63,7 @@ pub async fn serve(
     let env = protocol::parse_envelope(&body).map_err(frontend::envelope_error)?;
     ctx.id = env.id.clone();
     ctx.method = Some(env.method.clone());
+    ctx.note_tool(Some(&env.method), env.name.as_deref());
     let deadline = Instant::now() + route.timeout();
     if env.kind == Kind::Request && env.method == "initialize" {
         return initialize(

@@ -43,6 +43,10 @@ impl FinishLater {
     }
 }
 
+/// The most of a tool's name the access log and the trace keep (the spec's names are at most
+/// 128 characters; a longer one is cut here, not refused).
+pub const MAX_LOGGED_TOOL_BYTES: usize = 128;
+
 /// Everything known about one request, filled in as it moves through the phases and read once
 /// at the exit by metrics and the access log. `Clone` so an aggregated endpoint can give each
 /// concurrent part request its own copy.
@@ -62,6 +66,9 @@ pub struct RequestCtx {
     pub upstream: Option<std::time::Duration>,
     /// The MCP method (from the header or the body).
     pub method: Option<String>,
+    /// The tool a `tools/call` names, as the client named it (the access log's and the
+    /// trace's audit of who called what; `note_tool`).
+    pub tool: Option<Box<str>>,
     /// The JSON-RPC id, once read.
     pub id: Option<RequestId>,
     /// The request body, kept (a cheap `Bytes` clone) so an error can echo the id lazily.
@@ -113,6 +120,7 @@ impl RequestCtx {
             trace: None,
             upstream: None,
             method: None,
+            tool: None,
             id: None,
             body: Bytes::new(),
             era: None,
@@ -127,6 +135,22 @@ impl RequestCtx {
             built_by_portico: false,
             remote: false,
             client: None,
+        }
+    }
+
+    /// Notes the tool a `tools/call` names (the first name heard: the client's, before an
+    /// aggregated endpoint rewrites it), cut to `MAX_LOGGED_TOOL_BYTES` — the log line must not
+    /// grow with whatever a client puts there.
+    pub fn note_tool(&mut self, method: Option<&str>, name: Option<&str>) {
+        if method == Some("tools/call")
+            && self.tool.is_none()
+            && let Some(name) = name
+        {
+            let mut end = name.len().min(MAX_LOGGED_TOOL_BYTES);
+            while !name.is_char_boundary(end) {
+                end -= 1;
+            }
+            self.tool = Some(name[..end].into());
         }
     }
 
@@ -239,4 +263,31 @@ pub enum Answer {
     /// The unread body was refused the way only an initialize-era server refuses: the backend
     /// has been re-probed. The caller parses the body and takes the step again.
     Reprobed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_noted_tool_is_the_first_named_cut_at_a_character() {
+        let mut ctx = RequestCtx::new();
+        ctx.note_tool(Some("tools/list"), Some("x"));
+        assert_eq!(ctx.tool, None, "only calls name a tool");
+        ctx.note_tool(Some("tools/call"), Some("echo"));
+        ctx.note_tool(Some("tools/call"), Some("p__echo"));
+        assert_eq!(
+            ctx.tool.as_deref(),
+            Some("echo"),
+            "the client's name, first heard"
+        );
+        let mut ctx = RequestCtx::new();
+        let long = format!("{}é", "a".repeat(MAX_LOGGED_TOOL_BYTES - 1));
+        ctx.note_tool(Some("tools/call"), Some(&long));
+        assert_eq!(
+            ctx.tool.as_deref(),
+            Some("a".repeat(MAX_LOGGED_TOOL_BYTES - 1).as_str()),
+            "never more than the bound, never half a character"
+        );
+    }
 }

@@ -18,6 +18,7 @@ const STDIO_MOCK: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/gateway/fixtures/stdio_mock.py"
 );
+const CAROL: &str = "observe-carol-key-0123456789";
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 // === Scrape parsing ===
@@ -671,12 +672,17 @@ async fn log_line(
 #[tokio::test]
 async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
     let mock = MockMcp::modern().start().await;
+    let key = secret_file("observe-carol", CAROL);
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[log]\nformat = \"json\"\nlevel = \"info\"\n\
          [metrics]\nlisten = \"127.0.0.1:0\"\n\
-         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n",
-        mock.url()
+         [auth]\nmode = \"api_keys\"\n[[auth.api_keys]]\nkey_file = \"{1}\"\nprincipal = \"carol\"\nteam = \"green\"\n\
+         [[backends]]\nname = \"m\"\nurl = \"{0}\"\nprotocol = \"modern\"\n\
+         [[backends]]\nname = \"v\"\nurl = \"{0}\"\nprotocol = \"modern\"\nverify_body = \"always\"\n",
+        mock.url(),
+        key.display(),
     );
+    let bearer = format!("Bearer {CAROL}");
     let file = temp_file("json-log.toml", &toml);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_portico"))
         .arg("--config")
@@ -704,7 +710,11 @@ async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
         json!(1),
         "tools/list",
         json!({}),
-        &[("traceparent", TRACEPARENT), ("tracestate", "vendor=1")],
+        &[
+            ("traceparent", TRACEPARENT),
+            ("tracestate", "vendor=1"),
+            ("authorization", &bearer),
+        ],
     )
     .await;
     assert_eq!(r.status, 200);
@@ -717,6 +727,10 @@ async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
     assert_eq!(access["method"], "tools/list", "{access}");
     assert_eq!(access["status"], 200, "{access}");
     assert!(access["duration_us"].is_u64(), "{access}");
+    // Who called, and (for a call) which tool.
+    assert_eq!(access["principal"], "carol", "{access}");
+    assert_eq!(access["team"], "green", "{access}");
+    assert_eq!(access["tool"], "-", "{access}");
     let seen = mock.seen();
     let req = seen
         .iter()
@@ -737,7 +751,7 @@ async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
         json!(2),
         "tools/list",
         json!({}),
-        &[("traceparent", "hello\"world")],
+        &[("traceparent", "hello\"world"), ("authorization", &bearer)],
     )
     .await;
     let access = log_line(&mut lines, "the second access log line", |v| {
@@ -745,6 +759,46 @@ async fn json_access_log_carries_traceparent_which_reaches_the_backend() {
     })
     .await;
     assert_eq!(access["traceparent"], "", "{access}");
+
+    // A call is logged with its tool. Relayed unread, a call is logged with its header's name,
+    // which the backend checks against the body: here it refuses the mismatch itself.
+    let call_on = |backend: &'static str, name: &'static str, header: &'static str| {
+        let (url, bearer) = (format!("{base}/mcp/{backend}"), bearer.clone());
+        async move {
+            let mut h = modern_headers("tools/call", Some(header));
+            h.push(("authorization", &bearer));
+            let body = modern_body(
+                json!(3),
+                "tools/call",
+                json!({"name": name, "arguments": {"text": "x"}}),
+            );
+            send("POST", &url, &h, body).await
+        }
+    };
+    let call = |name: &'static str, header: &'static str| call_on("m", name, header);
+    assert_eq!(call("echo", "echo").await.status, 200);
+    let access = log_line(&mut lines, "the call's access line", |v| {
+        v["target"] == "portico::access"
+    })
+    .await;
+    assert_eq!(access["tool"], "echo", "{access}");
+    assert_eq!(access["principal"], "carol", "{access}");
+    assert_eq!(call("add", "echo").await.status, 400);
+    let access = log_line(&mut lines, "the forged call's access line", |v| {
+        v["target"] == "portico::access"
+    })
+    .await;
+    assert_eq!(access["tool"], "echo", "{access}");
+    assert_eq!(access["passthrough"], true, "{access}");
+    assert_eq!(access["status"], 400, "{access}");
+    // Read and judged by portico, the body's name is logged: what the call would have called.
+    assert_eq!(call_on("v", "add", "echo").await.status, 400);
+    let access = log_line(&mut lines, "the judged forged call's access line", |v| {
+        v["target"] == "portico::access"
+    })
+    .await;
+    assert_eq!(access["tool"], "add", "{access}");
+    assert_eq!(access["error"], "header_mismatch", "{access}");
 
     // The binary binds the metrics listener from the config, and counts the log lines its
     // writer had to drop (none here).
