@@ -281,6 +281,9 @@ protocol = "legacy"
         ],
     );
     assert!(attr(&root.span.attributes, "error.type").is_none());
+    // Not a call, and nobody authenticated: no tool, no caller.
+    assert!(attr(&root.span.attributes, "gen_ai.tool.name").is_none());
+    assert!(attr(&root.span.attributes, "enduser.id").is_none());
     let kids = children(&spans, &root.span);
     assert_eq!(kids.len(), 1, "{kids:#?}");
     assert_eq!(kids[0].span.kind, CLIENT);
@@ -307,6 +310,7 @@ protocol = "legacy"
         &root.span,
         &[
             ("mcp.method.name", json!("tools/call")),
+            ("gen_ai.tool.name", json!("echo")),
             ("portico.route", json!("m")),
             ("portico.passthrough", json!(true)),
             ("portico.bridged", json!(false)),
@@ -331,6 +335,7 @@ protocol = "legacy"
         &root.span,
         &[
             ("portico.route", json!("l")),
+            ("gen_ai.tool.name", json!("echo")),
             ("portico.bridged", json!(true)),
             ("portico.client_era", json!("modern")),
             ("http.response.status_code", json!(200)),
