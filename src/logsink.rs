@@ -189,6 +189,17 @@ pub struct Access<'a> {
     pub traceparent: &'a str,
 }
 
+impl Access<'_> {
+    /// The bytes of the fields whose length varies (before any escaping).
+    fn variable_len(&self) -> usize {
+        self.backend.len()
+            + self.tool.len()
+            + self.principal.len()
+            + self.team.len()
+            + self.traceparent.len()
+    }
+}
+
 /// Whether the log filter lets access lines (`portico::access`, INFO) through. Once a sink is
 /// installed the filter (set up with it) is fixed for the process's life, so it is asked once,
 /// not per request.
@@ -216,17 +227,10 @@ pub fn access(a: &Access<'_>) -> bool {
 }
 
 /// `<timestamp>  INFO portico::access: method="…" backend="…" tool="…" principal="…" team="…"
-/// status=200 duration_us=…
-/// passthrough=true cache="…" error="…" traceparent="…"` (string fields `Debug`-quoted, as
-/// `tracing`'s text format writes them).
+/// status=200 duration_us=… passthrough=true cache="…" error="…" traceparent="…"` (string
+/// fields `Debug`-quoted, as `tracing`'s text format writes them).
 pub fn access_text(buf: &mut Vec<u8>, now: SystemTime, a: &Access<'_>) {
-    buf.reserve(
-        200 + a.backend.len()
-            + a.tool.len()
-            + a.principal.len()
-            + a.team.len()
-            + a.traceparent.len(),
-    );
+    buf.reserve(200 + a.variable_len());
     push_timestamp(buf, now);
     buf.extend_from_slice(b"  INFO portico::access: method=");
     push_label(buf, a.method);
@@ -258,13 +262,7 @@ pub fn access_text(buf: &mut Vec<u8>, now: SystemTime, a: &Access<'_>) {
 /// `{"timestamp":"…","level":"INFO","method":…,"target":"portico::access"}`: `tracing`'s JSON
 /// format with the event's fields flattened.
 pub fn access_json(buf: &mut Vec<u8>, now: SystemTime, a: &Access<'_>) {
-    buf.reserve(
-        240 + a.backend.len()
-            + a.tool.len()
-            + a.principal.len()
-            + a.team.len()
-            + a.traceparent.len(),
-    );
+    buf.reserve(240 + a.variable_len());
     buf.extend_from_slice(b"{\"timestamp\":\"");
     push_timestamp(buf, now);
     buf.extend_from_slice(b"\",\"level\":\"INFO\",\"method\":");

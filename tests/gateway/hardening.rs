@@ -936,18 +936,14 @@ async fn the_binary_raises_its_open_file_limit_and_caps_clients_at_half() {
         l.local_addr().unwrap().port()
     };
     let (port, metrics_port) = (free(), free());
-    let dir = std::env::temp_dir().join(format!("portico-nofile-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("portico.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let config = crate::observe::temp_file(
+        "nofile.toml",
+        &format!(
             "[server]\nlisten = \"127.0.0.1:{port}\"\n[log]\naccess = false\nlevel = \"warn\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics_port}\"\n\
              [[backends]]\nname = \"demo\"\nbuiltin = \"demo\"\n"
         ),
-    )
-    .unwrap();
+    );
     let mut child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg("ulimit -S -n 256 && exec \"$0\" --config \"$1\"")
