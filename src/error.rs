@@ -75,6 +75,11 @@ pub enum GatewayError {
     /// `[server] max_sse_sessions` HTTP+SSE client sessions are open on this replica.
     #[error("too many HTTP+SSE sessions are open ({limit}, server.max_sse_sessions); retry later")]
     TooManySseSessions { limit: usize },
+    /// The caller's principal holds `[server] max_sse_sessions_per_principal` of them.
+    #[error(
+        "your principal has too many HTTP+SSE sessions open ({limit}, server.max_sse_sessions_per_principal); close one first"
+    )]
+    PrincipalSseSessions { limit: usize },
     #[error("Unauthorized: {reason}")]
     Unauthorized {
         reason: String,
@@ -147,7 +152,9 @@ impl GatewayError {
             }
             Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
-            RateLimited { .. } | ToolRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            RateLimited { .. } | ToolRateLimited { .. } | PrincipalSseSessions { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Internal(_) | NameCollision { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -174,7 +181,8 @@ impl GatewayError {
             | Unauthorized { .. }
             | Forbidden(_)
             | RateLimited { .. }
-            | ToolRateLimited { .. } => code::INVALID_REQUEST,
+            | ToolRateLimited { .. }
+            | PrincipalSseSessions { .. } => code::INVALID_REQUEST,
             // What the TypeScript SDK sends; legacy clients re-initialize on the 404 itself.
             SessionNotFound => code::SESSION_NOT_FOUND,
             Cancelled => code::REQUEST_CANCELLED,
@@ -218,6 +226,7 @@ impl GatewayError {
             BackendFailed { .. } => "backend_failed",
             Overloaded { .. } => "overloaded",
             TooManySseSessions { .. } => "too_many_sse_sessions",
+            PrincipalSseSessions { .. } => "principal_sse_sessions",
             Unauthorized { .. } => "unauthorized",
             Forbidden(_) => "forbidden",
             RateLimited { .. } => "rate_limited",
@@ -294,7 +303,8 @@ impl GatewayError {
             }
             GatewayError::CircuitOpen { .. }
             | GatewayError::Overloaded { .. }
-            | GatewayError::TooManySseSessions { .. } => {
+            | GatewayError::TooManySseSessions { .. }
+            | GatewayError::PrincipalSseSessions { .. } => {
                 h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}

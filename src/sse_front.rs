@@ -23,9 +23,11 @@
 //!   an HTTP client's next request would be; the session itself (and its stream's limits) is
 //!   of the generation it was opened in.
 //! - **Bounds.** At most `[server] max_sse_sessions` open at once on a replica (503 beyond;
-//!   0 turns the transport off), each POST one message within `max_body_bytes`, a POST waits
-//!   at most [`ENQUEUE_WAIT`] for the session to take it (503), and the stream keeps
-//!   `sse_keepalive_ms` and `max_stream_ms` like every SSE response.
+//!   0 turns the transport off), `max_sse_sessions_per_principal` of them one authenticated
+//!   principal's (429 beyond: one caller cannot take the transport from the others), each
+//!   POST one message within `max_body_bytes`, a POST waits at most [`ENQUEUE_WAIT`] for the
+//!   session to take it (503), and the stream keeps `sse_keepalive_ms` and `max_stream_ms`
+//!   like every SSE response.
 //! - **Endings.** The session ends when its client closes the stream (or `max_stream_ms` does):
 //!   its id is forgotten at once (a later POST → 404), requests in flight get
 //!   `drain_timeout_ms` to finish, and its upstream sessions are closed as idle ones are.
@@ -190,14 +192,29 @@ async fn open(
     )?;
     let (posts, inbox) = mpsc::channel(POST_QUEUE);
     let server_id = state.metrics.instance();
-    links().insert(
-        (server_id, id.clone()),
-        Link {
-            route: route.into(),
-            principal: caller.principal().map(str::to_owned),
-            posts,
-        },
-    );
+    {
+        // Counted and inserted under one lock: two racing opens cannot both take the last one.
+        let mut links = links();
+        if let Some(p) = caller.principal() {
+            let theirs = links
+                .iter()
+                .filter(|((s, _), l)| *s == server_id && l.principal.as_deref() == Some(p))
+                .count();
+            if theirs >= server.max_sse_sessions_per_principal {
+                return Err(GatewayError::PrincipalSseSessions {
+                    limit: server.max_sse_sessions_per_principal,
+                });
+            }
+        }
+        links.insert(
+            (server_id, id.clone()),
+            Link {
+                route: route.into(),
+                principal: caller.principal().map(str::to_owned),
+                posts,
+            },
+        );
+    }
     tracing::info!(route, session = %id, "HTTP+SSE transport: session opened");
     let (out, outbox) = mpsc::channel::<Bytes>(OUT_QUEUE);
     let drain = Duration::from_millis(server.drain_timeout_ms);

@@ -30,6 +30,9 @@ pub const DEFAULT_SSE_KEEPALIVE_MS: u64 = 15_000;
 /// Client sessions open at once on the 2024-11-05 HTTP+SSE transport (`<route>/sse`); each
 /// holds a stream and a task for as long as its client stays.
 pub const DEFAULT_MAX_SSE_SESSIONS: usize = 1024;
+/// Of those, the sessions one authenticated principal may hold: a quarter of the default, so
+/// one caller cannot take the transport from everybody else.
+pub const DEFAULT_MAX_SSE_SESSIONS_PER_PRINCIPAL: usize = 256;
 pub const DEFAULT_SESSION_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 /// How long an initialize-era client's SSE stream outlives its connection, waiting for the
 /// client's `GET` with `Last-Event-ID`: the SDKs reconnect within a few seconds (their
@@ -177,6 +180,10 @@ pub struct ServerConfig {
     /// `POST <route>/messages`) open at once on this replica; 0 turns the transport off.
     #[serde(default = "default_max_sse_sessions")]
     pub max_sse_sessions: usize,
+    /// Of `max_sse_sessions`, how many one authenticated principal may hold (429 beyond).
+    /// Anonymous clients cannot be told apart: `max_sse_sessions` alone.
+    #[serde(default = "default_max_sse_sessions_per_principal")]
+    pub max_sse_sessions_per_principal: usize,
     /// Client connections open at once on the listener; past it new ones wait in the
     /// kernel's listen backlog until one closes. 0 = automatic: half the process's open-file
     /// limit (the rest stays for upstream connections, stdio children, Redis and files).
@@ -201,6 +208,7 @@ impl Default for ServerConfig {
             sse_keepalive_ms: DEFAULT_SSE_KEEPALIVE_MS,
             max_stream_ms: 0,
             max_sse_sessions: DEFAULT_MAX_SSE_SESSIONS,
+            max_sse_sessions_per_principal: DEFAULT_MAX_SSE_SESSIONS_PER_PRINCIPAL,
             max_connections: 0,
         }
     }
@@ -805,6 +813,7 @@ default_fns! {
     default_max_idle_connections: usize = DEFAULT_MAX_IDLE_CONNECTIONS;
     default_max_upstream_sessions: usize = DEFAULT_MAX_UPSTREAM_SESSIONS;
     default_max_sse_sessions: usize = DEFAULT_MAX_SSE_SESSIONS;
+    default_max_sse_sessions_per_principal: usize = DEFAULT_MAX_SSE_SESSIONS_PER_PRINCIPAL;
     default_max_upstream_sessions_per_context: usize = DEFAULT_MAX_UPSTREAM_SESSIONS_PER_CONTEXT;
     default_max_upstream_sessions_per_principal: usize = DEFAULT_MAX_UPSTREAM_SESSIONS_PER_PRINCIPAL;
     default_upstream_idle_ms: u64 = DEFAULT_UPSTREAM_IDLE_MS;

@@ -216,3 +216,17 @@ fn upstream_session_quotas() {
         assert!(e.to_string().contains(k), "{e}");
     }
 }
+
+#[test]
+fn sse_sessions_per_principal_is_at_least_one() {
+    let c = check("").unwrap();
+    assert_eq!(
+        c.server.max_sse_sessions_per_principal,
+        DEFAULT_MAX_SSE_SESSIONS_PER_PRINCIPAL
+    );
+    let e = check("[server]\nmax_sse_sessions_per_principal = 0\n").unwrap_err();
+    assert!(
+        e.to_string().contains("max_sse_sessions_per_principal"),
+        "{e}"
+    );
+}

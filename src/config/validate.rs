@@ -19,6 +19,12 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
     if s.max_body_bytes == 0 {
         return Err(invalid("server.max_body_bytes", "must be greater than 0"));
     }
+    if config.server.max_sse_sessions_per_principal == 0 {
+        return Err(invalid(
+            "server.max_sse_sessions_per_principal",
+            "must be greater than 0 (max_sse_sessions = 0 turns the transport off)",
+        ));
+    }
     if let Some(m) = &config.metrics {
         validate_metrics(m, &config.server.listen, config.backends.len())?;
     }

@@ -256,6 +256,53 @@ async fn a_session_is_its_openers_and_sessions_are_bounded() {
     off.stop().await;
 }
 
+/// `max_sse_sessions_per_principal`: one principal holding its share gets 429 for another
+/// session (with `Retry-After`), while another principal still opens one; a closed session
+/// gives the share back.
+#[tokio::test]
+async fn one_principal_cannot_take_every_sse_session() {
+    let gw = Gateway::start(
+        &with_auth("max_sse_sessions_per_principal = 1")
+            .replace("max_sse_sessions = 1\n", "max_sse_sessions = 4\n"),
+    )
+    .await;
+    let url = gw.url("/mcp/demo/sse");
+    let (alice, bob) = (format!("Bearer {ALICE}"), format!("Bearer {BOB}"));
+    let first = Stream::open(&url, &[("authorization", &alice)]).await;
+    assert_eq!(first.status, 200);
+    let second = Stream::open(&url, &[("authorization", &alice)]).await;
+    assert_eq!(second.status, 429);
+    assert!(second.headers.contains_key("retry-after"));
+    let body = tokio::time::timeout(Duration::from_secs(5), second.body.collect())
+        .await
+        .expect("the refusal's body within 5 s")
+        .unwrap()
+        .to_bytes();
+    let refusal: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(refusal["error"]["code"], -32600, "{refusal}");
+    assert!(
+        refusal["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_sse_sessions_per_principal")),
+        "{refusal}"
+    );
+    let theirs = Stream::open(&url, &[("authorization", &bob)]).await;
+    assert_eq!(theirs.status, 200, "another principal is not held back");
+    drop(first);
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let again = Stream::open(&url, &[("authorization", &alice)]).await;
+        if again.status == 200 {
+            break;
+        }
+        assert_eq!(again.status, 429);
+        assert!(Instant::now() < end, "the closed session still counts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(theirs);
+    gw.stop().await;
+}
+
 /// A backend named `sse` keeps its route: `/mcp/sse` is it, not the transport of an endpoint
 /// at `/mcp`.
 #[tokio::test]
