@@ -17,9 +17,10 @@
 //! to its end. At most [`MAX_UNSENT`] events wait for a reader (then
 //! the task stops reading: the backpressure reaches the upstream), and of those already handed
 //! to a connection the last [`KEEP_SENT`] (at most [`KEEP_SENT_BYTES`]) are kept for a resume.
-//! [`MAX_HELD`] streams per process and [`MAX_HELD_PER_SESSION`] per session (one client's
-//! streams never use up the room of the others); past either a stream is served as before,
-//! bound to its connection and without ids.
+//! [`MAX_HELD`] streams per process, [`MAX_HELD_PER_SESSION`] per session and
+//! [`MAX_HELD_PER_PRINCIPAL`] per authenticated principal (one client's streams, however many
+//! sessions it opens, never use up the room of the others); past any of them a stream is served
+//! as before, bound to its connection and without ids.
 //!
 //! Sessions of 2025-11-25 get the priming event first (an id with empty data), after which
 //! their SDKs resume whatever ends the connection; older revisions mishandle it
@@ -63,6 +64,9 @@ pub const KEEP_SENT_BYTES: usize = 256 * 1024;
 pub const MAX_HELD: usize = 10_000;
 /// Streams one session may have held at once.
 pub const MAX_HELD_PER_SESSION: usize = 256;
+/// Streams the sessions of one authenticated principal may have held at once: a quarter of
+/// [`MAX_HELD`] (sessions are free to open, so the per-session bound alone is no share).
+pub const MAX_HELD_PER_PRINCIPAL: usize = 2_500;
 /// How long a stream a connection read to its end is kept (`resume_ms` at most): its last
 /// event may still have been lost with the connection, but a client that lost it reconnects
 /// within its `retry` (1 s in both SDKs), and a busy session's finished answers should not
@@ -133,6 +137,8 @@ pub struct Hold<'a> {
     pub token: u64,
     /// The session it belongs to: only that session may resume it.
     pub owner: OwnerKey,
+    /// The authenticated principal whose share it counts against (`None`: anonymous).
+    pub principal: Option<OwnerKey>,
     pub kind: Kind,
     /// `[sessions] resume_ms`.
     pub window: Duration,
@@ -143,6 +149,7 @@ pub struct Hold<'a> {
 /// One held stream.
 struct Held {
     owner: OwnerKey,
+    principal: Option<OwnerKey>,
     kind: Kind,
     token: u64,
     buf: Mutex<Buf>,
@@ -216,26 +223,35 @@ impl Held {
 
 type Key = (u64, u64);
 
-/// The streams held, by server and token, and how many each session holds.
+/// The streams held, by server and token, and how many each session and each principal holds
+/// (one map: session and principal keys are digests under different labels, `bridge::owner`).
 #[derive(Default)]
 struct Registry {
     streams: HashMap<Key, Arc<Held>>,
-    per_session: HashMap<(u64, OwnerKey), usize>,
+    shares: HashMap<(u64, OwnerKey), usize>,
 }
 
 impl Registry {
-    /// Takes `held` in under `key`, unless the process or its session is at its bound.
+    /// The shares `held` counts against on server `server`, with their bounds.
+    fn shares_of(server: u64, held: &Held) -> impl Iterator<Item = ((u64, OwnerKey), usize)> {
+        std::iter::once(((server, held.owner), MAX_HELD_PER_SESSION)).chain(
+            held.principal
+                .map(|p| ((server, p), MAX_HELD_PER_PRINCIPAL)),
+        )
+    }
+
+    /// Takes `held` in under `key`, unless the process, its session or its principal is at its
+    /// bound.
     fn insert(&mut self, key: Key, held: &Arc<Held>) -> bool {
-        let session = (key.0, held.owner);
-        let mine = self.per_session.get(&session).copied().unwrap_or(0);
-        if self.streams.len() >= MAX_HELD
-            || mine >= MAX_HELD_PER_SESSION
-            || self.streams.contains_key(&key)
-        {
+        let full = Self::shares_of(key.0, held)
+            .any(|(share, bound)| self.shares.get(&share).copied().unwrap_or(0) >= bound);
+        if full || self.streams.len() >= MAX_HELD || self.streams.contains_key(&key) {
             return false;
         }
         self.streams.insert(key, held.clone());
-        self.per_session.insert(session, mine + 1);
+        for (share, _) in Self::shares_of(key.0, held) {
+            *self.shares.entry(share).or_default() += 1;
+        }
         true
     }
 
@@ -243,11 +259,12 @@ impl Registry {
         let Some(held) = self.streams.remove(key) else {
             return;
         };
-        let session = (key.0, held.owner);
-        if let Some(n) = self.per_session.get_mut(&session) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_session.remove(&session);
+        for (share, _) in Self::shares_of(key.0, &held) {
+            if let Some(n) = self.shares.get_mut(&share) {
+                *n -= 1;
+                if *n == 0 {
+                    self.shares.remove(&share);
+                }
             }
         }
     }
@@ -261,7 +278,8 @@ fn registry() -> MutexGuard<'static, Registry> {
 
 /// `events` (whole SSE events, as `sse_event` writes them) as a resumable stream: the body the
 /// connection reads. When [`MAX_HELD`] streams are held (or [`MAX_HELD_PER_SESSION`] of its
-/// session's), `events` is given back (`Err`) for the caller to serve as before.
+/// session's, or [`MAX_HELD_PER_PRINCIPAL`] of its principal's), `events` is given back (`Err`)
+/// for the caller to serve as before.
 pub fn hold(
     how: Hold<'_>,
     events: BoxStream<'static, Bytes>,
@@ -270,6 +288,7 @@ pub fn hold(
     let key = (how.metrics.instance(), token);
     let held = Arc::new(Held {
         owner: how.owner,
+        principal: how.principal,
         kind: how.kind,
         token,
         buf: Mutex::new(Buf {
@@ -563,6 +582,10 @@ pub(super) fn resumable(
         metrics: &core.metrics,
         token: u64::from_le_bytes(core.sessions.links.random()),
         owner: owner.key,
+        principal: match owner.group {
+            Some(crate::bridge::Group::Principal(p)) => Some(p),
+            _ => None,
+        },
         kind,
         window: std::time::Duration::from_millis(window),
         priming: primed(session),
@@ -671,6 +694,7 @@ mod tests {
                 metrics: m,
                 token: token(),
                 owner: [7; 32],
+                principal: None,
                 kind: Kind::Answer,
                 window,
                 priming,
@@ -754,6 +778,7 @@ mod tests {
             metrics: &m,
             token: token(),
             owner: [owner; 32],
+            principal: None,
             kind: Kind::Answer,
             window: Duration::from_secs(30),
             priming: false,
@@ -776,6 +801,44 @@ mod tests {
         drop(kept.swap_remove(0));
         tokio::time::sleep(Duration::from_secs(31)).await;
         assert!(hold(how(1), pending()).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_principal_opening_sessions_cannot_use_up_the_room_of_the_others() {
+        let m = Metrics::new();
+        let how = |session: u16, principal: u8| {
+            let mut owner = [0; 32];
+            owner[..2].copy_from_slice(&session.to_le_bytes());
+            Hold {
+                metrics: &m,
+                token: token(),
+                owner,
+                principal: Some([principal; 32]),
+                kind: Kind::Answer,
+                window: Duration::from_secs(30),
+                priming: false,
+            }
+        };
+        let pending = || futures_util::stream::pending::<Bytes>().boxed();
+        let mut kept = Vec::new();
+        // Alice's sessions, each well within its own bound, fill her share.
+        for n in 0..MAX_HELD_PER_PRINCIPAL {
+            let session = (n / 100) as u16;
+            kept.push(
+                hold(how(session, 1), pending())
+                    .ok()
+                    .expect("room for alice"),
+            );
+        }
+        assert!(
+            hold(how(999, 1), pending()).is_err(),
+            "a new session of hers is no new share"
+        );
+        kept.push(
+            hold(how(1000, 2), pending())
+                .ok()
+                .expect("bob still has room"),
+        );
     }
 
     #[tokio::test(start_paused = true)]
