@@ -196,6 +196,21 @@ fn with_auth(extra: &str) -> String {
     )
 }
 
+/// Opens a stream as `auth` once a closed session's place is free again (refused with
+/// `refused` until then; within 5 s).
+async fn open_once_freed(url: &str, auth: &str, refused: u16) {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let again = Stream::open(url, &[("authorization", auth)]).await;
+        if again.status == 200 {
+            return;
+        }
+        assert_eq!(again.status, refused);
+        assert!(Instant::now() < end, "the closed session still counts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_session_is_its_openers_and_sessions_are_bounded() {
     let gw = Gateway::start(&with_auth("")).await;
@@ -235,16 +250,7 @@ async fn a_session_is_its_openers_and_sessions_are_bounded() {
     assert_eq!(second.status, 503);
     assert!(second.headers.contains_key("retry-after"));
     drop(s);
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let again = Stream::open(&url, &[("authorization", &alice)]).await;
-        if again.status == 200 {
-            break;
-        }
-        assert_eq!(again.status, 503);
-        assert!(Instant::now() < end, "the closed session still counts");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    open_once_freed(&url, &alice, 503).await;
     gw.stop().await;
 
     // 0 turns the transport off: the URL is no route.
@@ -289,16 +295,7 @@ async fn one_principal_cannot_take_every_sse_session() {
     let theirs = Stream::open(&url, &[("authorization", &bob)]).await;
     assert_eq!(theirs.status, 200, "another principal is not held back");
     drop(first);
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let again = Stream::open(&url, &[("authorization", &alice)]).await;
-        if again.status == 200 {
-            break;
-        }
-        assert_eq!(again.status, 429);
-        assert!(Instant::now() < end, "the closed session still counts");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    open_once_freed(&url, &alice, 429).await;
     drop(theirs);
     gw.stop().await;
 }
