@@ -108,6 +108,7 @@ where
     ctx.traceparent = frontend::traceparent(&seen);
     // The request's span starts here and ends at the single exit (`State::observe`).
     ctx.trace = state.telemetry.request(ctx.traceparent.as_ref());
+    ctx.audited = ctx.trace.is_some() || state.logs_access();
     let path = parts.uri.path();
     if path.starts_with(auth::METADATA_PATH) {
         return protected_resource_metadata(state, &parts);
@@ -308,10 +309,7 @@ fn judge(
     if ctx.method.is_none() {
         ctx.method = Some(env.method.clone());
     }
-    // The body's name, not the header's: a request whose headers disagree is logged as what
-    // it would have called.
-    ctx.tool = None;
-    ctx.note_tool(Some(&env.method), env.name.as_deref());
+    ctx.note_body_tool(Some(&env.method), env.name.as_deref());
     frontend::verify_modern(head, mh, &env)?;
     Ok(env)
 }

@@ -143,9 +143,14 @@ impl State {
             elapsed,
             upstream: ctx.upstream,
         });
-        if self.config.log.access && crate::logsink::access_enabled() {
+        if self.logs_access() {
             self.access_line(ctx, method, elapsed);
         }
+    }
+
+    /// Whether each request gets an access log line.
+    pub fn logs_access(&self) -> bool {
+        self.config.log.access && crate::logsink::access_enabled()
     }
 
     /// The access log line: straight into the log buffer (`logsink`), or through `tracing`

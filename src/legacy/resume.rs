@@ -642,9 +642,13 @@ fn as_events(
     id: &RequestId,
     done: Option<tokio::sync::oneshot::Sender<RequestCtx>>,
 ) -> futures_util::stream::BoxStream<'static, Bytes> {
-    if let (Ok((ctx, result)), Some(done)) = (&joined, done) {
-        let mut ctx = ctx.clone();
-        match result {
+    let one = |msg: Bytes| futures_util::stream::once(async move { msg }).boxed();
+    let Ok((mut ctx, result)) = joined else {
+        return one(sse_event(&task_failed().to_message(Some(id))));
+    };
+    // The context moves to the exit: the stream needs only the result.
+    if let Some(done) = done {
+        match &result {
             Ok(resp) => ctx.status = resp.status().as_u16(),
             Err(e) => {
                 ctx.status = e.status().as_u16();
@@ -653,9 +657,8 @@ fn as_events(
         }
         let _ = done.send(ctx);
     }
-    let one = |msg: Bytes| futures_util::stream::once(async move { msg }).boxed();
-    match joined {
-        Ok((_, Ok(resp))) => match resp.into_body() {
+    match result {
+        Ok(resp) => match resp.into_body() {
             Body::Full(Some(msg)) => one(sse_event(&msg)),
             Body::Stream(events) => events,
             Body::Empty | Body::Full(None) => futures_util::stream::empty().boxed(),
@@ -663,8 +666,7 @@ fn as_events(
                 one(sse_event(&task_failed().to_message(Some(id))))
             }
         },
-        Ok((_, Err(e))) => one(sse_event(&e.to_message(Some(id)))),
-        Err(_) => one(sse_event(&task_failed().to_message(Some(id)))),
+        Err(e) => one(sse_event(&e.to_message(Some(id)))),
     }
 }
 

@@ -69,6 +69,9 @@ pub struct RequestCtx {
     /// The tool a `tools/call` names, as the client named it (the access log's and the
     /// trace's audit of who called what; `note_tool`).
     pub tool: Option<Box<str>>,
+    /// The exit writes `tool` somewhere (the access log, a trace): only then is it noted, so
+    /// a gateway with neither pays no allocation for it.
+    pub audited: bool,
     /// The JSON-RPC id, once read.
     pub id: Option<RequestId>,
     /// The request body, kept (a cheap `Bytes` clone) so an error can echo the id lazily.
@@ -121,6 +124,7 @@ impl RequestCtx {
             upstream: None,
             method: None,
             tool: None,
+            audited: false,
             id: None,
             body: Bytes::new(),
             era: None,
@@ -142,15 +146,26 @@ impl RequestCtx {
     /// aggregated endpoint rewrites it), cut to `MAX_LOGGED_TOOL_BYTES` — the log line must not
     /// grow with whatever a client puts there.
     pub fn note_tool(&mut self, method: Option<&str>, name: Option<&str>) {
-        if method == Some("tools/call")
-            && self.tool.is_none()
-            && let Some(name) = name
-        {
-            let mut end = name.len().min(MAX_LOGGED_TOOL_BYTES);
-            while !name.is_char_boundary(end) {
-                end -= 1;
-            }
-            self.tool = Some(name[..end].into());
+        if self.tool.is_none() {
+            self.note_body_tool(method, name);
+        }
+    }
+
+    /// Notes the tool the body names, in place of a header's that said otherwise (a request
+    /// whose headers disagree is recorded as what it would have called); the name noted
+    /// already costs nothing.
+    pub fn note_body_tool(&mut self, method: Option<&str>, name: Option<&str>) {
+        if !self.audited || method != Some("tools/call") {
+            return;
+        }
+        let Some(name) = name else { return };
+        let mut end = name.len().min(MAX_LOGGED_TOOL_BYTES);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        let name = &name[..end];
+        if self.tool.as_deref() != Some(name) {
+            self.tool = Some(name.into());
         }
     }
 
@@ -272,6 +287,9 @@ mod tests {
     #[test]
     fn the_noted_tool_is_the_first_named_cut_at_a_character() {
         let mut ctx = RequestCtx::new();
+        ctx.note_tool(Some("tools/call"), Some("echo"));
+        assert_eq!(ctx.tool, None, "nothing records it: not noted");
+        ctx.audited = true;
         ctx.note_tool(Some("tools/list"), Some("x"));
         assert_eq!(ctx.tool, None, "only calls name a tool");
         ctx.note_tool(Some("tools/call"), Some("echo"));
@@ -281,7 +299,10 @@ mod tests {
             Some("echo"),
             "the client's name, first heard"
         );
+        ctx.note_body_tool(Some("tools/call"), Some("add"));
+        assert_eq!(ctx.tool.as_deref(), Some("add"), "the body's name wins");
         let mut ctx = RequestCtx::new();
+        ctx.audited = true;
         let long = format!("{}é", "a".repeat(MAX_LOGGED_TOOL_BYTES - 1));
         ctx.note_tool(Some("tools/call"), Some(&long));
         assert_eq!(
