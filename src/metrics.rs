@@ -407,12 +407,12 @@ impl Metrics {
         .expect("static metric definition");
         let stream_resumes = counter_vec(
             "portico_stream_resumes_total",
-            "GETs with Last-Event-ID from initialize-era clients, by outcome (resumed, or \
-             unknown: no such stream held here).",
+            "GETs with Last-Event-ID from initialize-era clients, by outcome (resumed; \
+             forwarded: to the replica the id names; unknown: no such stream held here).",
             &["outcome"],
         );
-        // Both series from the start: a rate over a series that appears late misses its first.
-        for outcome in ["resumed", "unknown"] {
+        // Every series from the start: a rate over a series that appears late misses its first.
+        for outcome in ["resumed", "forwarded", "unknown"] {
             stream_resumes.with_label_values(&[outcome]);
         }
         // Both series exist from the start, so dashboards and alerts see 0, not "no data".

@@ -78,6 +78,12 @@ pub struct Sessions {
     /// Seals the ids of HTTP+SSE client sessions with the replica holding their stream
     /// (`sse_front`), so a POST that lands elsewhere is forwarded there.
     pub links: Sealer,
+    /// This replica's address (`[sessions] advertise_url`) sealed once, for the event ids of
+    /// the streams it holds for a `Last-Event-ID` (`legacy::resume`): a resume that lands on
+    /// another replica is forwarded here. `None` without an `advertise_url`.
+    pub stream_tag: Option<std::sync::Arc<str>>,
+    /// Opens those tags (its own purpose, so no other sealed value passes for one).
+    streams: Sealer,
     /// Sessions ended by `DELETE` on this replica (digest → expiry, Unix ms); the Redis tier
     /// tells the other replicas (`legacy::delete`).
     revoked: std::sync::Mutex<std::collections::HashMap<[u8; 32], u64>>,
@@ -150,15 +156,29 @@ impl Sessions {
         );
         let states = std::sync::Arc::new(Sealer::new(&bytes, b"portico-request-state-v1"));
         let links = Sealer::new(&bytes, b"portico-sse-session-v1");
+        let streams = Sealer::new(&bytes, b"portico-stream-replica-v1");
+        let stream_tag = cfg
+            .advertise_url
+            .as_deref()
+            .map(|me| std::sync::Arc::from(streams.seal(me.as_bytes())));
         Sessions {
             key,
             cursor_key,
             states,
             links,
+            stream_tag,
+            streams,
             rng,
             ttl: Duration::from_millis(cfg.ttl_ms),
             revoked: Default::default(),
         }
+    }
+
+    /// The replica a stream's tag names (its `advertise_url`), when the tag opens under this
+    /// deployment's key and names another replica than this one.
+    pub fn stream_elsewhere(&self, tag: &str, me: Option<&str>) -> Option<String> {
+        let url = String::from_utf8(self.streams.open(tag)?).ok()?;
+        (me != Some(url.as_str())).then_some(url)
     }
 
     /// Seals session data into an id (visible ASCII, as the spec requires).
@@ -326,6 +346,46 @@ mod tests {
             ttl_ms: 60_000,
             ..SessionsConfig::default()
         })
+    }
+
+    /// A stream's tag names its replica to the others (same key), never to itself, and
+    /// nothing else opens as one: another deployment's tag, a tampered one, another sealed value.
+    #[test]
+    fn a_stream_tag_names_its_replica_to_the_others_only() {
+        let replica = |key: &str, me: &str| {
+            Sessions::new(&SessionsConfig {
+                key: Some(key.into()),
+                advertise_url: Some(me.into()),
+                ..SessionsConfig::default()
+            })
+        };
+        let (one, two) = (
+            replica("k", "http://10.0.0.1:8787"),
+            replica("k", "http://10.0.0.2:8787"),
+        );
+        let tag = one.stream_tag.clone().expect("a tag with advertise_url");
+        let me = Some("http://10.0.0.1:8787");
+        assert_eq!(one.stream_elsewhere(&tag, me), None, "its own");
+        assert_eq!(
+            two.stream_elsewhere(&tag, Some("http://10.0.0.2:8787"))
+                .as_deref(),
+            me
+        );
+        let foreign = replica("other key", "http://10.0.0.1:8787");
+        assert_eq!(foreign.stream_elsewhere(&tag, None), None);
+        let mut bad = tag.to_string();
+        bad.replace_range(..1, if bad.starts_with('A') { "B" } else { "A" });
+        assert_eq!(two.stream_elsewhere(&bad, None), None, "tampered");
+        let link = one.links.seal(b"http://10.0.0.9:8787");
+        assert_eq!(
+            two.stream_elsewhere(&link, None),
+            None,
+            "another purpose's seal"
+        );
+        assert!(
+            sessions("k").stream_tag.is_none(),
+            "no advertise_url, no tag"
+        );
     }
 
     #[test]

@@ -336,8 +336,10 @@ pub struct SessionsConfig {
     /// sealed into the `requestState` of calls parked here. A parked call lives in the memory
     /// of the replica that parked it; a retry that lands on another replica is forwarded to
     /// this URL (`/mcp/<backend>`, with the client's credential) once. Absent: such a retry is
-    /// refused with `-32602` (README "Scale-out"). `${ENV}` expanded (an unset variable is an
-    /// error), so each replica can name its own address.
+    /// refused with `-32602` (README "Scale-out"). Sealed likewise into HTTP+SSE session ids
+    /// (`sse_front`) and the event ids of streams held for a `Last-Event-ID` (`legacy::resume`),
+    /// whose POSTs and resumes are forwarded the same way. `${ENV}` expanded (an unset variable
+    /// is an error), so each replica can name its own address.
     pub advertise_url: Option<String>,
     /// How long an initialize-era client's SSE stream (a request's answer stream, its GET
     /// stream) is kept after its connection drops, for a `GET` with `Last-Event-ID` to take it

@@ -134,6 +134,33 @@ pub async fn get(
         && ctx.remote
         && let Some(last) = resume::EventId::parse(last.as_bytes())
     {
+        // Held by another replica (the id names it, sealed): taken there, once.
+        if let Some(replica) = last
+            .replica
+            .as_deref()
+            .filter(|_| !headers.contains_key(bridge::FORWARDED))
+            .and_then(|tag| {
+                core.sessions
+                    .stream_elsewhere(tag, core.config.sessions.advertise_url.as_deref())
+            })
+        {
+            match forward_resume(core, route, path, headers, &replica).await {
+                Ok(mut resp) => {
+                    core.metrics.stream_resume("forwarded");
+                    if resp.status() == StatusCode::OK && resume::primed(&session) {
+                        resp.extensions_mut().insert(crate::body::Resumable);
+                    }
+                    return Ok(resp);
+                }
+                Err(e) if last.kind == resume::Kind::Answer => return Err(e),
+                // The GET stream is opened anew here: what it carried meanwhile is lost.
+                Err(e) => tracing::warn!(
+                    replica,
+                    error = %e,
+                    "a GET stream's resume could not reach the replica holding it; opened anew"
+                ),
+            }
+        }
         match resume::resume(&core.metrics, &owner.key, &last) {
             resume::Resumed::Stream(events) => {
                 let mut resp = sse_response(Body::Stream(events));
@@ -172,6 +199,85 @@ pub async fn get(
         resp,
     ))
 }
+
+/// Takes a `GET` with `Last-Event-ID` to the replica holding its stream (the id names it:
+/// `[sessions] advertise_url`, sealed), once (marked [`bridge::FORWARDED`]), with the client's
+/// own credential and session — the holder authenticates it again and checks that the stream
+/// is that session's — and relays its answer as it comes: the stream from after that event,
+/// or the holder's refusal. The relay ends when the holder sends nothing for longer than the
+/// route's timeout or two keep-alive intervals, whichever is longer (the client resumes again:
+/// the stream is still held there), and within a day in all.
+async fn forward_resume(
+    core: &Core,
+    route: &Route,
+    path: &str,
+    headers: &HeaderMap,
+    replica: &str,
+) -> Result<Response<Body>, GatewayError> {
+    use http_body_util::BodyExt;
+    let url = format!("{}{path}", replica.trim_end_matches('/'));
+    let unreachable = |why: String| GatewayError::BackendFailed {
+        backend: replica.to_string(),
+        detail: format!("resuming a stream held by another replica: {why}"),
+    };
+    let cfg: crate::config::BackendConfig =
+        serde_json::from_value(json!({"name": "resume-forward", "url": url}))
+            .map_err(|e| unreachable(e.to_string()))?;
+    let peer = crate::upstream::http::HttpUpstream::new(&cfg, &url).map_err(unreachable)?;
+    let mut extra = vec![(
+        http::HeaderName::from_static(bridge::FORWARDED),
+        HeaderValue::from_static("1"),
+    )];
+    for name in [
+        http::header::AUTHORIZATION,
+        h::names::SESSION_ID,
+        h::names::PROTOCOL_VERSION,
+        http::HeaderName::from_static(h::LAST_EVENT_ID),
+    ] {
+        if let Some(v) = headers.get(&name) {
+            extra.push((name, v.clone()));
+        }
+    }
+    let keepalive = std::time::Duration::from_millis(core.config.server.sse_keepalive_ms);
+    let idle = route.timeout().max(keepalive * 2);
+    let deadline = Instant::now() + FORWARDED_STREAM_MAX;
+    let req = peer.get_events(&extra);
+    let ex = peer
+        .exchange(req, deadline)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    tracing::debug!(
+        replica,
+        "resume forwarded to the replica holding its stream"
+    );
+    let (parts, mut body) = ex.response.into_parts();
+    let events = crate::upstream::http::async_stream(move |tx| async move {
+        while let Ok(Some(Ok(frame))) = tokio::time::timeout(idle, body.frame()).await {
+            if let Ok(data) = frame.into_data()
+                && tx.send(data).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    let body = Body::Stream(Box::pin(events));
+    let mut resp = if crate::upstream::http::is_event_stream(&parts.headers) {
+        sse_response(body)
+    } else {
+        let mut resp = Response::new(body);
+        if let Some(ct) = parts.headers.get(http::header::CONTENT_TYPE) {
+            resp.headers_mut()
+                .insert(http::header::CONTENT_TYPE, ct.clone());
+        }
+        resp
+    };
+    *resp.status_mut() = parts.status;
+    Ok(resp)
+}
+
+/// The longest a resume forwarded to another replica is relayed (then the client resumes it
+/// again, through this replica or another).
+const FORWARDED_STREAM_MAX: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The session `sid` names, when it opens for this caller on this endpoint and has not been
 /// ended (`DELETE`, on any replica: the revocation set, shared through Redis).

@@ -7,6 +7,9 @@
 //! connection only reads what the task kept ([`Reader`]). When the connection drops, the task
 //! goes on — the call still runs, the listen still hears — and a `GET` in the same session
 //! naming one of the stream's ids gets everything after that event, then the rest as it comes.
+//! With `[sessions] advertise_url` each id also names this replica (`.<tag>`: the address,
+//! sealed under the shared key), so a resume that lands on another replica is forwarded
+//! here (`legacy::forward_resume`).
 //! A newer reader takes the stream over from an older one (the client knows which connection
 //! it still reads; portico may not have noticed the old one break yet).
 //!
@@ -32,8 +35,8 @@
 //! requests), and a call still running after [`STREAM_AFTER`] is answered as such a stream
 //! even when its server answers JSON, so its client holds an id while it waits.
 //!
-//! Held per replica and per server (`Metrics::instance`, like the HTTP+SSE sessions): a
-//! resume that lands on another replica finds nothing (README "Scale-out").
+//! Held per replica and per server (`Metrics::instance`, like the HTTP+SSE sessions): without
+//! `advertise_url` a resume that lands on another replica finds nothing (README "Scale-out").
 
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
@@ -90,22 +93,43 @@ impl Kind {
     }
 }
 
+/// Longest replica tag an id may carry: a sealed `advertise_url` (itself at most a URL's
+/// length) in base64; anything longer is no id of portico's.
+const MAX_TAG: usize = 4096;
+
 /// A `Last-Event-ID` portico could have written.
 #[derive(Debug, PartialEq, Eq)]
 pub struct EventId {
     pub kind: Kind,
     token: u64,
     seq: u64,
+    /// The replica holding the stream, sealed (`Sessions::stream_tag`); `None` when the
+    /// replica that wrote the id had no `advertise_url`.
+    pub replica: Option<String>,
 }
 
 impl EventId {
-    /// `<a|g><16 hex>-<seq>`; anything else is no id of portico's.
+    /// `<a|g><16 hex>-<seq>[.<tag>]`; anything else is no id of portico's.
     pub fn parse(v: &[u8]) -> Option<EventId> {
         let (&letter, rest) = v.split_first()?;
         let kind = match letter {
             b'a' => Kind::Answer,
             b'g' => Kind::Get,
             _ => return None,
+        };
+        let (rest, replica) = match memchr::memchr(b'.', rest) {
+            Some(dot) => {
+                let tag = &rest[dot + 1..];
+                let url_safe = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_');
+                if tag.is_empty() || tag.len() > MAX_TAG || !tag.iter().all(url_safe) {
+                    return None;
+                }
+                (
+                    &rest[..dot],
+                    Some(std::str::from_utf8(tag).ok()?.to_string()),
+                )
+            }
+            None => (rest, None),
         };
         let (token, seq) = rest.split_at_checked(16)?;
         let seq = seq.strip_prefix(b"-")?;
@@ -118,7 +142,12 @@ impl EventId {
             return None;
         }
         let seq = std::str::from_utf8(seq).ok()?.parse().ok()?;
-        Some(EventId { kind, token, seq })
+        Some(EventId {
+            kind,
+            token,
+            seq,
+            replica,
+        })
     }
 }
 
@@ -126,7 +155,11 @@ impl EventId {
 impl std::fmt::Display for EventId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let letter = char::from(self.kind.letter());
-        write!(f, "{letter}{:016x}-{}", self.token, self.seq)
+        write!(f, "{letter}{:016x}-{}", self.token, self.seq)?;
+        match &self.replica {
+            Some(tag) => write!(f, ".{tag}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -144,6 +177,8 @@ pub struct Hold<'a> {
     pub window: Duration,
     /// Send the priming event first (a 2025-11-25 session).
     pub priming: bool,
+    /// This replica, sealed, for the ids (`Sessions::stream_tag`).
+    pub replica: Option<Arc<str>>,
 }
 
 /// One held stream.
@@ -152,6 +187,7 @@ struct Held {
     principal: Option<OwnerKey>,
     kind: Kind,
     token: u64,
+    replica: Option<Arc<str>>,
     buf: Mutex<Buf>,
     /// Bumped on every change (an event kept, the end, a reader come or gone).
     changed: watch::Sender<()>,
@@ -192,13 +228,15 @@ impl Held {
     }
 
     fn frame(&self, seq: u64, event: &[u8]) -> Bytes {
-        let id = EventId {
-            kind: self.kind,
-            token: self.token,
-            seq,
-        };
-        let mut out = BytesMut::with_capacity(event.len() + 48);
-        out.extend_from_slice(format!("id: {id}\n").as_bytes());
+        let letter = char::from(self.kind.letter());
+        let tag = self.replica.as_deref().unwrap_or_default();
+        let mut out = BytesMut::with_capacity(event.len() + 48 + tag.len());
+        out.extend_from_slice(format!("id: {letter}{:016x}-{seq}", self.token).as_bytes());
+        if !tag.is_empty() {
+            out.extend_from_slice(b".");
+            out.extend_from_slice(tag.as_bytes());
+        }
+        out.extend_from_slice(b"\n");
         out.extend_from_slice(event);
         out.freeze()
     }
@@ -291,6 +329,7 @@ pub fn hold(
         principal: how.principal,
         kind: how.kind,
         token,
+        replica: how.replica,
         buf: Mutex::new(Buf {
             events: VecDeque::new(),
             first: 0,
@@ -589,6 +628,7 @@ pub(super) fn resumable(
         kind,
         window: std::time::Duration::from_millis(window),
         priming: primed(session),
+        replica: core.sessions.stream_tag.clone(),
     };
     let priming = how.priming;
     let mut resp = match hold(how, events) {
@@ -700,6 +740,7 @@ mod tests {
                 kind: Kind::Answer,
                 window,
                 priming,
+                replica: None,
             },
             events,
         )
@@ -736,9 +777,53 @@ mod tests {
             b"a+00000000000000f-1",
             b"a00000000000000ff-99999999999999999999",
             b"\xff",
+            b"a00000000000000ff-1.",
+            b"a00000000000000ff-1.a+b",
+            b"a00000000000000ff-1.a.b",
+            b"a00000000000000ff.x-1",
         ] {
             assert_eq!(EventId::parse(bad), None, "{bad:?}");
         }
+        let far = [b'A'; MAX_TAG + 1];
+        assert_eq!(
+            EventId::parse(&[&b"a00000000000000ff-1."[..], &far].concat()),
+            None
+        );
+        // With the replica's tag (a sealed advertise_url, URL-safe base64).
+        let id = EventId::parse(b"g00000000000000ff-7.Zm9v_-Ba").unwrap();
+        assert_eq!((id.kind, id.token, id.seq), (Kind::Get, 255, 7));
+        assert_eq!(id.replica.as_deref(), Some("Zm9v_-Ba"));
+        assert_eq!(
+            id.to_string(),
+            "g00000000000000ff-7.Zm9v_-Ba",
+            "written as read"
+        );
+    }
+
+    /// A held stream's ids carry the replica's tag, and parse back to it.
+    #[tokio::test]
+    async fn ids_name_the_replica_holding_the_stream() {
+        let m = Metrics::new();
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let mut held = hold(
+            Hold {
+                metrics: &m,
+                token: token(),
+                owner: [9; 32],
+                principal: None,
+                kind: Kind::Get,
+                window: Duration::from_secs(30),
+                priming: false,
+                replica: Some(Arc::from("c2VhbGVk")),
+            },
+            tokio_stream_from(rx),
+        )
+        .ok()
+        .expect("held");
+        tx.send(ev(1)).await.unwrap();
+        let id = id_of(&held.next().await.unwrap());
+        assert_eq!((id.kind, id.seq), (Kind::Get, 0));
+        assert_eq!(id.replica.as_deref(), Some("c2VhbGVk"));
     }
 
     #[tokio::test(start_paused = true)]
@@ -784,6 +869,7 @@ mod tests {
             kind: Kind::Answer,
             window: Duration::from_secs(30),
             priming: false,
+            replica: None,
         };
         let pending = || futures_util::stream::pending::<Bytes>().boxed();
         let mut kept = Vec::new();
@@ -819,6 +905,7 @@ mod tests {
                 kind: Kind::Answer,
                 window: Duration::from_secs(30),
                 priming: false,
+                replica: None,
             }
         };
         let pending = || futures_util::stream::pending::<Bytes>().boxed();

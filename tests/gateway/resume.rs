@@ -36,9 +36,10 @@ impl Event {
         serde_json::from_str(&self.data).unwrap_or(Value::Null)
     }
 
-    /// The sequence number at the end of portico's id (`<kind><token>-<seq>`).
+    /// The sequence number of portico's id (`<kind><token>-<seq>[.<replica tag>]`).
     fn seq(&self) -> u64 {
         let id = self.id.as_deref().expect("an id");
+        let id = id.split('.').next().unwrap();
         id.rsplit('-').next().unwrap().parse().expect("a number")
     }
 }
@@ -234,6 +235,126 @@ async fn an_answer_stream_outlives_its_connection_and_is_resumed() {
         "{s}"
     );
     gw.stop().await;
+}
+
+/// Two replicas with one `[sessions] key`, each naming itself in `advertise_url`: a stream's
+/// ids name the replica holding it, so a resume that lands on the other replica is forwarded
+/// there once and the rest of the stream comes back through it — none of it twice, the call
+/// made once. A resume already forwarded is not forwarded again (the holder would have
+/// answered it); with the holder gone, an answer's resume is a 502 naming it, never a hang,
+/// and a GET stream's opens anew.
+#[tokio::test]
+async fn a_resume_on_another_replica_is_forwarded_to_the_one_holding_the_stream() {
+    let mock = MockMcp::modern().sse().start().await;
+    let (l1, l2) = (
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    );
+    let (a1, a2) = (l1.local_addr().unwrap(), l2.local_addr().unwrap());
+    let replica =
+        |me: std::net::SocketAddr| config(&mock.url(), &format!("advertise_url = \"http://{me}\""));
+    let one = Gateway::start_on(&replica(a1), l1).await;
+    let two = Gateway::start_on(&replica(a2), l2).await;
+    let (c, _) = OldClient::connect(&one.url("/mcp/b"), "2025-11-25").await;
+    let on_two = OldClient {
+        url: two.url("/mcp/b"),
+        sid: c.sid.clone(),
+        version: c.version.clone(),
+    };
+
+    let mut stream = progress_call(&c, 5, 4, 150).await;
+    let priming = stream.next().await.expect("the priming event");
+    let first = stream.next().await.expect("the first progress");
+    assert_eq!(first.seq(), 1);
+    let last = first.id.clone().unwrap();
+    assert!(last.contains('.'), "the id names its replica: {last}");
+    drop(stream);
+
+    // Marked as forwarded once already: the other replica does not hold it, and says so.
+    let mut h = vec![
+        ("mcp-session-id", c.sid.as_str()),
+        ("mcp-protocol-version", c.version.as_str()),
+        ("accept", "text/event-stream"),
+        ("last-event-id", last.as_str()),
+    ];
+    h.push(("portico-forwarded", "1"));
+    let r = send("GET", &on_two.url, &h, "").await;
+    assert_eq!((r.status, r.code()), (400, -32000), "{:?}", r.body);
+
+    let mut again = Events::new(resume_get(&on_two, &last).await);
+    let rest = again.until_response().await;
+    let seqs: Vec<u64> = rest.iter().map(Event::seq).collect();
+    assert_eq!(seqs, [2, 3, 4, 5], "ids continue after the one named");
+    assert!(
+        rest.iter().all(|e| e
+            .id
+            .as_deref()
+            .unwrap()
+            .ends_with(&last[last.find('.').unwrap()..])),
+        "the holder's ids, relayed as written: {rest:?}"
+    );
+    let answer = rest.last().unwrap().json();
+    assert_eq!(answer["id"], 5);
+    assert_eq!(answer["result"]["content"][0]["text"], "done 4", "{answer}");
+    assert!(
+        again.next().await.is_none(),
+        "the stream ends after its answer"
+    );
+    assert_eq!(
+        mock.count("tools/call"),
+        1,
+        "the call reached the server once"
+    );
+    assert!(
+        scrape(&two)
+            .await
+            .contains("portico_stream_resumes_total{outcome=\"forwarded\"} 1")
+    );
+    assert!(
+        scrape(&one)
+            .await
+            .contains("portico_stream_resumes_total{outcome=\"resumed\"} 1")
+    );
+
+    // The holder gone: an answer's resume fails at once, naming it; a GET stream opens here.
+    let mut stream = progress_call(&c, 6, 100, 100).await;
+    stream.next().await.expect("the priming event");
+    let last = stream.next().await.expect("a progress").id.unwrap();
+    drop(stream);
+    let mut get = Events::new(
+        send_stream(
+            "GET",
+            &c.url,
+            &[("mcp-session-id", &c.sid), ("accept", "text/event-stream")],
+            Bytes::new(),
+        )
+        .await,
+    );
+    let get_last = get
+        .next()
+        .await
+        .expect("the GET stream's priming event")
+        .id
+        .unwrap();
+    drop(get);
+    one.stop().await;
+    let r = tokio::time::timeout(Duration::from_secs(10), resume_get(&on_two, &last))
+        .await
+        .expect("answered within 10 s");
+    assert_eq!(r.status(), 502);
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    let msg = String::from_utf8_lossy(&body).to_string();
+    assert!(msg.contains(&format!("http://{a1}")), "{msg}");
+    let mut fresh = Events::new(resume_get(&on_two, &get_last).await);
+    let primed = fresh
+        .next()
+        .await
+        .expect("a fresh GET stream's priming event");
+    assert_eq!(primed.seq(), 0, "a new stream: {primed:?}");
+    assert_ne!(primed.id, Some(get_last));
+    drop(fresh);
+    drop(priming);
+    two.stop().await;
 }
 
 /// Nobody back within `resume_ms`: the stream is dropped, which cancels the call upstream, and
