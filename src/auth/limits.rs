@@ -16,6 +16,8 @@
 //!   `Mcp-Method` cannot slip a call past it.
 //! - Memory is bounded: a limiter past `MAX_BUCKETS` principals forgets those whose bucket is
 //!   full again.
+//! - A config reload keeps the buckets of every rate it does not change ([`Limits::keep_from`]):
+//!   a reload (often a deploy) must not hand every caller a fresh burst.
 
 use crate::config::{AuthConfig, RateLimitConfig};
 use crate::error::GatewayError;
@@ -23,13 +25,19 @@ use crate::policy::glob;
 
 use super::Principal;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Principals tracked per limiter before those whose state is back to full are forgotten
 /// (bounds memory under many JWT subjects).
 const MAX_BUCKETS: usize = 100_000;
 
-/// One rate: a GCRA limiter (the `governor` crate) keyed by principal.
-type Limiter = governor::DefaultKeyedRateLimiter<String>;
+/// One rate: a GCRA limiter (the `governor` crate) keyed by principal, with the rate it was
+/// built for. Shared (`Arc`) so that a reload that keeps the rate keeps its buckets.
+#[derive(Clone)]
+struct Limiter {
+    rate: RateLimitConfig,
+    buckets: Arc<governor::DefaultKeyedRateLimiter<String>>,
+}
 
 /// A limiter for `rate` (`per_second` may be fractional; `burst` at least 1).
 fn limiter(rate: &RateLimitConfig) -> Limiter {
@@ -38,11 +46,24 @@ fn limiter(rate: &RateLimitConfig) -> Limiter {
     let quota = governor::Quota::with_period(period)
         .unwrap_or_else(|| governor::Quota::per_second(std::num::NonZeroU32::MIN))
         .allow_burst(burst);
-    governor::RateLimiter::keyed(quota)
+    Limiter {
+        rate: *rate,
+        buckets: Arc::new(governor::RateLimiter::keyed(quota)),
+    }
+}
+
+impl Limiter {
+    /// The previous generation's buckets, when `old` was built for the same rate.
+    fn keep_from(&mut self, old: &Limiter) {
+        if self.rate == old.rate {
+            self.buckets = old.buckets.clone();
+        }
+    }
 }
 
 /// Takes one token from `key`'s bucket, or says how many whole seconds to wait (at least 1).
 fn take(limiter: &Limiter, key: &str) -> Result<(), u64> {
+    let limiter = &limiter.buckets;
     if limiter.len() >= MAX_BUCKETS {
         limiter.retain_recent();
     }
@@ -101,6 +122,34 @@ impl Limits {
                     limiter: limiter(&l.rate_limit),
                 })
                 .collect(),
+        }
+    }
+
+    /// After a reload: the buckets of the previous generation `old` for every rate this one
+    /// keeps — `[auth] rate_limit` unchanged, a team's by name, a tool rule with the same
+    /// tools, teams and rate (each old rule's buckets go to one new rule at most) — so that
+    /// nobody's spent tokens come back with a reload. A changed rate starts afresh.
+    pub(super) fn keep_from(&mut self, old: &Limits) {
+        if let (Some(new), Some(old)) = (self.default.as_mut(), old.default.as_ref()) {
+            new.keep_from(old);
+        }
+        for (name, new) in &mut self.teams {
+            if let Some(old) = old.teams.get(name) {
+                new.keep_from(old);
+            }
+        }
+        let mut taken = vec![false; old.tools.len()];
+        for new in &mut self.tools {
+            let same = old.tools.iter().enumerate().position(|(i, o)| {
+                !taken[i]
+                    && o.tools == new.tools
+                    && o.teams == new.teams
+                    && o.limiter.rate == new.limiter.rate
+            });
+            if let Some(i) = same {
+                taken[i] = true;
+                new.limiter.keep_from(&old.tools[i].limiter);
+            }
         }
     }
 
@@ -185,6 +234,50 @@ mod tests {
         for _ in 0..10 {
             l.charge(Some(&alice)).unwrap();
         }
+    }
+
+    /// A reload keeps the buckets of every rate it does not change, and only those.
+    #[test]
+    fn a_reload_keeps_the_buckets_of_unchanged_rates() {
+        let slow = "{ per_second = 0.001, burst = 1 }";
+        let cfg = |default: &str, tool_burst: u32| {
+            format!(
+                "rate_limit = {default}\n\
+                 [[teams]]\nname = 'red'\nrate_limit = {slow}\n\
+                 [[tool_limits]]\ntools = ['deploy']\nrate_limit = {{ per_second = 0.001, burst = {tool_burst} }}\n\
+                 [[tool_limits]]\ntools = ['deploy']\nrate_limit = {{ per_second = 0.001, burst = {tool_burst} }}\n"
+            )
+        };
+        let old = limits(&cfg(slow, 1));
+        let (alice, red) = (principal("alice", None), principal("r", Some("red")));
+        old.charge(Some(&alice)).unwrap();
+        old.charge(Some(&red)).unwrap();
+        // Both identical rules charged: each has its own bucket.
+        old.charge_tool(Some(&alice), "deploy").unwrap();
+
+        let mut same = limits(&cfg(slow, 1));
+        same.keep_from(&old);
+        assert!(
+            same.charge(Some(&alice)).is_err(),
+            "the default's bucket kept"
+        );
+        assert!(same.charge(Some(&red)).is_err(), "the team's bucket kept");
+        assert!(same.charge_tool(Some(&alice), "deploy").is_err());
+        // Kept, not copied: the old generation's still-running requests share them.
+        assert!(old.charge(Some(&principal("bob", None))).is_ok());
+        assert!(same.charge(Some(&principal("bob", None))).is_err());
+
+        let mut changed = limits(&cfg("{ per_second = 0.001, burst = 2 }", 2));
+        changed.keep_from(&same);
+        assert!(
+            changed.charge(Some(&alice)).is_ok(),
+            "a new rate, new buckets"
+        );
+        assert!(
+            changed.charge(Some(&red)).is_err(),
+            "the team's rate unchanged"
+        );
+        assert!(changed.charge_tool(Some(&alice), "deploy").is_ok());
     }
 
     #[test]

@@ -229,6 +229,12 @@ impl Auth {
         })
     }
 
+    /// On a reload: keeps the previous generation's rate-limit buckets for every rate this
+    /// one does not change (`limits::Limits::keep_from`).
+    pub fn keep_buckets(&mut self, old: &Auth) {
+        self.limits.keep_from(&old.limits);
+    }
+
     /// Starts the JWKS URL refresh task, if one is configured. It holds only a weak reference
     /// and ends when this config generation is dropped.
     pub fn spawn_refresh(&self) {

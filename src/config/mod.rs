@@ -696,7 +696,7 @@ pub struct JwtConfig {
 }
 
 /// A token bucket: `per_second` sustained, `burst` at once.
-#[derive(Debug, Clone, Copy, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub per_second: f64,

@@ -634,6 +634,95 @@ async fn a_legacy_session_belongs_to_the_principal_that_opened_it() {
     gw.stop().await;
 }
 
+/// A config reload (here an unrelated change: a backend added) keeps the rate-limit buckets of
+/// every rate it does not change — a tool rule's and a team's — so nobody's spent tokens come
+/// back; a rule whose rate changes starts afresh. Through the real watcher, the file rewritten.
+#[tokio::test]
+async fn a_reload_does_not_refill_rate_limit_buckets() {
+    let mock = MockMcp::modern().start().await;
+    let config = |team_burst: u32, tool_burst: u32, extra_backend: bool| {
+        let mut c = api_keys_config(
+            &mock.url(),
+            &format!(
+                "[[auth.teams]]\nname = \"blue\"\n\
+                 rate_limit = {{ per_second = 0.001, burst = {team_burst} }}\n\
+                 [[auth.teams]]\nname = \"red\"\n\
+                 [[auth.tool_limits]]\ntools = [\"echo\"]\n\
+                 rate_limit = {{ per_second = 0.001, burst = {tool_burst} }}\n"
+            ),
+        );
+        if extra_backend {
+            c.push_str("[[backends]]\nname = \"n\"\nbuiltin = \"demo\"\n");
+        }
+        c
+    };
+    let path = crate::common::secret_file("reload-limits", &config(5, 2, false));
+    let gw = Gateway::start_reloading(&path).await;
+    let (alice, bob) = (bearer(ALICE), bearer(BOB));
+    let call = |auth: &str, tool: &str| {
+        let (url, auth, tool) = (gw.url("/mcp/m"), auth.to_string(), tool.to_string());
+        async move {
+            let r = mcp_with(
+                &url,
+                json!(1),
+                "tools/call",
+                json!({"name": tool, "arguments": {"text": "hi"}}),
+                &[("authorization", &auth)],
+            )
+            .await;
+            let reason = r.json()["error"]["message"].as_str().map(str::to_string);
+            (r.status, reason)
+        }
+    };
+    // Bob (team red: no rate of its own) tells when a generation is in: `/mcp/n` answers.
+    let n_answers = || {
+        let (url, auth) = (gw.url("/mcp/n"), bob.clone());
+        async move {
+            let r = mcp_with(
+                &url,
+                json!(2),
+                "tools/list",
+                json!({}),
+                &[("authorization", &auth)],
+            )
+            .await;
+            r.status == 200
+        }
+    };
+    assert_eq!(call(&alice, "echo").await.0, 200);
+    assert_eq!(call(&alice, "echo").await.0, 200);
+    let (status, why) = call(&alice, "echo").await;
+    assert_eq!(status, 429);
+    assert!(
+        why.unwrap().contains("\"echo\""),
+        "the tool's rule refused it"
+    );
+
+    std::fs::write(&path, config(5, 2, true)).unwrap();
+    crate::listen::until("the reload adding backend n", n_answers).await;
+    // The tool rule's bucket is still empty, the team's has one token left (4 of 5 taken).
+    let (status, why) = call(&alice, "echo").await;
+    assert_eq!(status, 429, "a reload refilled the tool rule's bucket");
+    assert!(why.unwrap().contains("\"echo\""));
+    assert_eq!(call(&alice, "whoami").await.0, 200);
+    let (status, why) = call(&alice, "whoami").await;
+    assert_eq!(status, 429, "a reload refilled the team's bucket");
+    assert!(
+        !why.unwrap().contains("whoami"),
+        "the team's rate refused it"
+    );
+
+    // New rates: new buckets.
+    std::fs::write(&path, config(50, 3, false)).unwrap();
+    crate::listen::until("the reload removing backend n", || async {
+        !n_answers().await
+    })
+    .await;
+    assert_eq!(call(&alice, "echo").await.0, 200);
+    gw.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
 /// `[[auth.tool_limits]]`: a bucket per principal and rule, on the names the client sees and
 /// charged on every way to the backend — its own URL, an aggregated endpoint, an
 /// initialize-era session (re-initializing gets no fresh bucket); a rule for some teams leaves
