@@ -98,6 +98,14 @@ pub enum GatewayError {
     /// An `[[auth.tool_limits]]` bucket of the caller's is empty.
     #[error("rate limit for tool {tool:?} exceeded; retry after {retry_after_s} s")]
     ToolRateLimited { tool: String, retry_after_s: u64 },
+    /// `[backends.token_exchange]`: the identity provider refused to exchange the caller's
+    /// token for one for `backend` (403: the caller's affair), or could not (502).
+    #[error("token exchange for backend {backend}: {detail}")]
+    TokenExchange {
+        backend: String,
+        detail: String,
+        refused: bool,
+    },
     #[error("backend {backend} is failing; its circuit breaker is open")]
     CircuitOpen { backend: String },
     #[error("internal error")]
@@ -152,6 +160,8 @@ impl GatewayError {
             }
             Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             Forbidden(_) => StatusCode::FORBIDDEN,
+            TokenExchange { refused: true, .. } => StatusCode::FORBIDDEN,
+            TokenExchange { .. } => StatusCode::BAD_GATEWAY,
             RateLimited { .. } | ToolRateLimited { .. } | PrincipalSseSessions { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -180,6 +190,7 @@ impl GatewayError {
             | OriginForbidden
             | Unauthorized { .. }
             | Forbidden(_)
+            | TokenExchange { refused: true, .. }
             | RateLimited { .. }
             | ToolRateLimited { .. }
             | PrincipalSseSessions { .. } => code::INVALID_REQUEST,
@@ -190,6 +201,7 @@ impl GatewayError {
             BackendUnreachable { .. }
             | BackendTimeout { .. }
             | BackendFailed { .. }
+            | TokenExchange { .. }
             | Overloaded { .. }
             | TooManySseSessions { .. }
             | CircuitOpen { .. }
@@ -229,6 +241,8 @@ impl GatewayError {
             PrincipalSseSessions { .. } => "principal_sse_sessions",
             Unauthorized { .. } => "unauthorized",
             Forbidden(_) => "forbidden",
+            TokenExchange { refused: true, .. } => "token_exchange_refused",
+            TokenExchange { .. } => "token_exchange_failed",
             RateLimited { .. } => "rate_limited",
             ToolRateLimited { .. } => "tool_rate_limited",
             CircuitOpen { .. } => "circuit_open",

@@ -174,6 +174,7 @@ pub struct Metrics {
     stream_resumes: IntCounterVec,
     connection_cap: IntGauge,
     connection_waits: IntCounter,
+    token_exchanges: IntCounterVec,
 }
 
 /// Counts one open notification stream (a `subscriptions/listen` answer, or an initialize-era
@@ -334,6 +335,12 @@ impl Metrics {
              endpoint and backend.",
             &["endpoint", "backend"],
         );
+        let token_exchanges = counter_vec(
+            "portico_token_exchanges_total",
+            "Upstream tokens for callers of backends with token_exchange, by backend and outcome \
+             (exchanged at the IdP, cached, refused by the IdP, failed).",
+            &["backend", "outcome"],
+        );
         let build = gauge_vec(
             "portico_build_info",
             "Build information; always 1.",
@@ -439,6 +446,7 @@ impl Metrics {
             Box::new(stream_resumes.clone()),
             Box::new(connection_cap.clone()),
             Box::new(connection_waits.clone()),
+            Box::new(token_exchanges.clone()),
         ] {
             registry.register(c).expect("metric registered once");
         }
@@ -463,7 +471,16 @@ impl Metrics {
             stream_resumes,
             connection_cap,
             connection_waits,
+            token_exchanges,
         }
+    }
+
+    /// One upstream token for a caller of `backend` (`[backends.token_exchange]`): `outcome`
+    /// is `exchanged`, `cached`, `refused` or `failed`.
+    pub fn token_exchange(&self, backend: &str, outcome: &'static str) {
+        self.token_exchanges
+            .with_label_values(&[backend, outcome])
+            .inc();
     }
 
     /// The listener's cap on open client connections.

@@ -51,9 +51,46 @@ pub fn filter_tools(msg: Bytes, keep: impl Fn(&str) -> bool) -> Bytes {
     serde_json::to_vec(&v).map(Bytes::from).unwrap_or(msg)
 }
 
+/// A result that says `cacheScope: "public"` labelled `"private"` instead: what portico
+/// fetched with the caller's own credential (`[backends.token_exchange]`) is that caller's
+/// view, whatever the backend said. Anything else passes unchanged.
+pub fn private_scope(msg: Bytes) -> Bytes {
+    if memchr::memmem::find(&msg, b"\"public\"").is_none() {
+        return msg;
+    }
+    let Ok(mut v) = serde_json::from_slice::<Value>(&msg) else {
+        return msg;
+    };
+    let Some(result) = v.get_mut("result").and_then(Value::as_object_mut) else {
+        return msg;
+    };
+    if result.get("cacheScope").and_then(Value::as_str) != Some("public") {
+        return msg;
+    }
+    result.insert("cacheScope".into(), Value::from("private"));
+    serde_json::to_vec(&v).map(Bytes::from).unwrap_or(msg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_public_result_is_labelled_private_and_nothing_else_changes() {
+        let public = Bytes::from(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"cacheScope":"public","ttlMs":5}}"#,
+        );
+        let v: Value = serde_json::from_slice(&private_scope(public)).unwrap();
+        assert_eq!(v["result"]["cacheScope"], "private");
+        assert_eq!(v["result"]["ttlMs"], 5);
+        for same in [
+            r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"cacheScope":"private"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"public"}]}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"public"}}"#,
+        ] {
+            assert_eq!(private_scope(Bytes::from(same)), same.as_bytes());
+        }
+    }
 
     #[test]
     fn globs() {

@@ -65,6 +65,7 @@ impl State {
             "http"
         };
         let auth = auth::Auth::build(&config.auth, format!("{scheme}://{}", config.server.listen))
+            .and_then(|a| a.with_exchanges(&config.backends))
             .map_err(StartError::Auth)?;
         let telemetry = telemetry::Telemetry::new(&config.tracing).map_err(StartError::Tracing)?;
         // Background tasks hold weak references: they end with this generation.

@@ -22,6 +22,7 @@
 //! - An unknown `kid` fetches the JWKS URL again at most once per
 //!   `JWKS_UNKNOWN_KID_MIN_INTERVAL`, whatever the tokens say.
 
+mod exchange;
 mod limits;
 
 use arc_swap::ArcSwap;
@@ -110,6 +111,8 @@ pub struct Auth {
     teams: HashMap<String, crate::config::TeamConfig>,
     /// The per-principal and per-tool rate limits.
     limits: limits::Limits,
+    /// `[backends.token_exchange]`, by backend name.
+    exchanges: HashMap<String, exchange::Exchanger>,
 }
 
 /// Why a credential was refused (logged; the client sees one generic 401 text per reason).
@@ -226,7 +229,76 @@ impl Auth {
                 .map(|t| (t.name.clone(), t.clone()))
                 .collect(),
             limits: limits::Limits::new(cfg),
+            exchanges: HashMap::new(),
         })
+    }
+
+    /// With the token exchange of each of `backends` that has one (`[backends.token_exchange]`:
+    /// its client secret read, its TLS set up).
+    pub fn with_exchanges(
+        mut self,
+        backends: &[crate::config::BackendConfig],
+    ) -> Result<Auth, String> {
+        for b in backends {
+            if let Some(tx) = &b.token_exchange {
+                self.exchanges
+                    .insert(b.name.clone(), exchange::Exchanger::new(&b.name, tx)?);
+            }
+        }
+        Ok(self)
+    }
+
+    /// The upstream `Authorization` for this caller on `backend` when the backend exchanges
+    /// tokens (`None`: it does not): the caller's bearer token exchanged at the IdP, or the
+    /// token exchanged for it before. Refused by the IdP: 403; the IdP failing: 502.
+    pub async fn exchanged(
+        &self,
+        metrics: &crate::metrics::Metrics,
+        backend: &str,
+        headers: &HeaderMap,
+    ) -> Result<Option<http::HeaderValue>, GatewayError> {
+        let Some(exchanger) = self.exchanges.get(backend) else {
+            return Ok(None);
+        };
+        let fail = |detail: String, refused: bool| GatewayError::TokenExchange {
+            backend: backend.to_string(),
+            detail,
+            refused,
+        };
+        let Ok(subject) = bearer(headers) else {
+            metrics.token_exchange(backend, "refused");
+            return Err(fail(
+                "the caller presented no bearer token to exchange".into(),
+                true,
+            ));
+        };
+        match exchanger.authorization(subject).await {
+            Ok((authorization, asked)) => {
+                metrics.token_exchange(backend, if asked { "exchanged" } else { "cached" });
+                Ok(Some(authorization))
+            }
+            Err(exchange::ExchangeError::Refused(why)) => {
+                metrics.token_exchange(backend, "refused");
+                Err(fail(
+                    format!("the identity provider refused it ({why})"),
+                    true,
+                ))
+            }
+            Err(exchange::ExchangeError::Failed(why)) => {
+                metrics.token_exchange(backend, "failed");
+                tracing::warn!(backend, error = %why, "token exchange failed");
+                Err(fail(
+                    format!("the identity provider could not be asked: {why}"),
+                    false,
+                ))
+            }
+        }
+    }
+
+    /// Whether `backend` exchanges its callers' tokens (then what it answers depends on the
+    /// caller: its cache entries are the caller's own).
+    pub fn exchanges_for(&self, backend: &str) -> bool {
+        self.exchanges.contains_key(backend)
     }
 
     /// On a reload: keeps the previous generation's rate-limit buckets for every rate this
@@ -683,25 +755,54 @@ async fn fetch_jwks(
     url: &str,
     tls: Option<&tokio_rustls::TlsConnector>,
 ) -> Result<Vec<Jwk>, String> {
-    let body = tokio::time::timeout(JWKS_FETCH_TIMEOUT, get(url, tls))
+    let accept = [(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static("application/json"),
+    )];
+    let once = one_exchange(
+        url,
+        tls,
+        http::Method::GET,
+        &accept,
+        Bytes::new(),
+        MAX_JWKS_BYTES,
+    );
+    let (status, body) = tokio::time::timeout(JWKS_FETCH_TIMEOUT, once)
         .await
         .map_err(|_| "timed out".to_string())??;
+    if !status.is_success() {
+        return Err(format!("HTTP {status}"));
+    }
     parse_jwks(&body)
 }
 
-async fn get(url: &str, tls: Option<&tokio_rustls::TlsConnector>) -> Result<Bytes, String> {
+/// One HTTP/1.1 request to the identity provider on a fresh connection (`tls` for
+/// `https://`): the answer's status and body, at most `max` bytes of it. The caller bounds
+/// the time. The JWKS fetch and the token exchange (`exchange`).
+async fn one_exchange(
+    url: &str,
+    tls: Option<&tokio_rustls::TlsConnector>,
+    method: http::Method,
+    headers: &[(http::HeaderName, http::HeaderValue)],
+    body: Bytes,
+    max: usize,
+) -> Result<(http::StatusCode, Bytes), String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
     let host = uri.host().ok_or("no host")?.to_string();
     let https = uri.scheme_str() == Some("https");
     let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let req = http::Request::get(uri.path_and_query().map_or("/", |p| p.as_str()))
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(uri.path_and_query().map_or("/", |p| p.as_str()))
         .header(
             http::header::HOST,
             uri.authority().map_or(host.as_str(), |a| a.as_str()),
         )
-        .header(http::header::ACCEPT, "application/json")
-        .body(http_body_util::Empty::<Bytes>::new())
+        .body(http_body_util::Full::new(body))
         .map_err(|e| e.to_string())?;
+    for (name, value) in headers {
+        req.headers_mut().insert(name.clone(), value.clone());
+    }
     // `[::1]` → `::1` for the socket address and the TLS name.
     let bare = host
         .trim_start_matches('[')
@@ -714,17 +815,18 @@ async fn get(url: &str, tls: Option<&tokio_rustls::TlsConnector>) -> Result<Byte
         (true, Some(tls)) => {
             let name = rustls_pki_types::ServerName::try_from(bare).map_err(|e| e.to_string())?;
             let stream = tls.connect(name, tcp).await.map_err(|e| e.to_string())?;
-            send_get(hyper_util::rt::TokioIo::new(stream), req).await
+            send_once(hyper_util::rt::TokioIo::new(stream), req, max).await
         }
         (true, None) => Err("https:// without a TLS setup".into()),
-        (false, _) => send_get(hyper_util::rt::TokioIo::new(tcp), req).await,
+        (false, _) => send_once(hyper_util::rt::TokioIo::new(tcp), req, max).await,
     }
 }
 
-async fn send_get<IO>(
+async fn send_once<IO>(
     io: IO,
-    req: http::Request<http_body_util::Empty<Bytes>>,
-) -> Result<Bytes, String>
+    req: http::Request<http_body_util::Full<Bytes>>,
+    max: usize,
+) -> Result<(http::StatusCode, Bytes), String>
 where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -734,14 +836,13 @@ where
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
     let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    if !resp.status().is_success() {
-        return Err(format!("HTTP {}", resp.status()));
-    }
-    Ok(Limited::new(resp.into_body(), MAX_JWKS_BYTES)
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), max)
         .collect()
         .await
         .map_err(|e| e.to_string())?
-        .to_bytes())
+        .to_bytes();
+    Ok((status, body))
 }
 
 /// The bearer token of a request.

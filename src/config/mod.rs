@@ -580,6 +580,53 @@ pub struct BackendConfig {
     /// the server's request is answered with an error. Also bounded by `timeout_ms`.
     #[serde(default = "default_input_hold_ms")]
     pub input_hold_ms: u64,
+    /// RFC 8693 token exchange: each caller's verified JWT is exchanged at the IdP for a token
+    /// for this backend, sent upstream as its `Authorization` (README "Security model").
+    pub token_exchange: Option<TokenExchangeConfig>,
+}
+
+/// `[backends.token_exchange]`: per-user identity upstream. The caller's own JWT (the
+/// subject token, `[auth] mode = "jwt"`) is exchanged at `token_url` for a token meant for
+/// this backend (`audience`/`resource`/`scope`), cached per caller token until shortly
+/// before it expires. The client's token itself never reaches the backend.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenExchangeConfig {
+    /// The IdP's token endpoint (`http://` or `https://`).
+    pub token_url: String,
+    /// portico's client id at the IdP (HTTP Basic with the secret; absent = no client auth).
+    pub client_id: Option<String>,
+    /// The client secret, from an environment variable ...
+    pub client_secret_env: Option<String>,
+    /// ... or a file (trailing newline trimmed).
+    pub client_secret_file: Option<std::path::PathBuf>,
+    /// RFC 8693 `audience` of the token asked for.
+    pub audience: Option<String>,
+    /// RFC 8693 `resource` (RFC 8707) of the token asked for.
+    pub resource: Option<String>,
+    /// RFC 8693 `scope`, space-separated.
+    pub scope: Option<String>,
+    /// Extra PEM CA certificates for an `https://` token_url (besides webpki roots).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The IdP must answer within this.
+    #[serde(default = "default_token_exchange_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Exchanged tokens kept at most this long (also `expires_in` less a minute's margin).
+    #[serde(default = "default_token_exchange_max_ttl_ms")]
+    pub max_ttl_ms: u64,
+}
+
+/// How long the IdP has to answer a token exchange.
+pub const DEFAULT_TOKEN_EXCHANGE_TIMEOUT_MS: u64 = 5_000;
+/// Longest an exchanged token is reused (and the TTL of one whose `expires_in` is absent).
+pub const DEFAULT_TOKEN_EXCHANGE_MAX_TTL_MS: u64 = 300_000;
+
+fn default_token_exchange_timeout_ms() -> u64 {
+    DEFAULT_TOKEN_EXCHANGE_TIMEOUT_MS
+}
+
+fn default_token_exchange_max_ttl_ms() -> u64 {
+    DEFAULT_TOKEN_EXCHANGE_MAX_TTL_MS
 }
 
 impl BackendConfig {

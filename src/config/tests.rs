@@ -230,3 +230,63 @@ fn sse_sessions_per_principal_is_at_least_one() {
         "{e}"
     );
 }
+
+/// `[backends.token_exchange]` needs JWT auth (the subject token) and a modern Streamable
+/// HTTP backend (a token per request, not a shared upstream session); its defaults are named
+/// constants, and a secret without a client id, both secret sources, a bad URL or a zero
+/// bound are refused naming the key.
+#[test]
+fn token_exchange_needs_jwt_and_a_modern_http_backend() {
+    let jwt = "[auth]\nmode = 'jwt'\n[auth.jwt]\njwks_file = 'j.json'\n";
+    let cfg = |auth: &str, backend: &str, tx: &str| {
+        check(&format!(
+            "{auth}[[backends]]\nname = 'b'\n{backend}\n[backends.token_exchange]\n\
+             token_url = 'https://idp.example/token'\n{tx}\n"
+        ))
+    };
+    let modern = "url = 'http://127.0.0.1:1/mcp'\nprotocol = 'modern'";
+    let c = cfg(jwt, modern, "").unwrap();
+    let tx = c.backends[0].token_exchange.as_ref().unwrap();
+    assert_eq!(tx.timeout_ms, DEFAULT_TOKEN_EXCHANGE_TIMEOUT_MS);
+    assert_eq!(tx.max_ttl_ms, DEFAULT_TOKEN_EXCHANGE_MAX_TTL_MS);
+    for (auth, backend, tx, key) in [
+        ("", modern, "", "backends[0].token_exchange"),
+        (
+            jwt,
+            "url = 'http://127.0.0.1:1/mcp'",
+            "",
+            "backends[0].token_exchange",
+        ),
+        (jwt, "command = ['srv']", "", "backends[0].token_exchange"),
+        (
+            jwt,
+            modern,
+            "client_secret_env = 'X'",
+            "backends[0].token_exchange.client_id",
+        ),
+        (
+            jwt,
+            modern,
+            "client_id = 'p'\nclient_secret_env = 'X'\nclient_secret_file = 'f'",
+            "backends[0].token_exchange.client_secret_env",
+        ),
+        (
+            jwt,
+            modern,
+            "timeout_ms = 0",
+            "backends[0].token_exchange.timeout_ms",
+        ),
+    ] {
+        let err = cfg(auth, backend, tx).unwrap_err().to_string();
+        assert!(err.contains(key), "{backend} {tx}: {err}");
+    }
+    let bad_url = check(&format!(
+        "{jwt}[[backends]]\nname = 'b'\n{modern}\n[backends.token_exchange]\ntoken_url = 'idp/token'\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        bad_url.starts_with("backends[0].token_exchange.token_url"),
+        "{bad_url}"
+    );
+}

@@ -208,6 +208,48 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
                     .map_err(|_| invalid(&k, "not a valid header value"))?;
             }
         }
+        if let Some(tx) = &b.token_exchange {
+            let k = |field: &str| key(&format!("token_exchange.{field}"));
+            if b.url.is_none() || b.transport != Transport::Http || b.protocol != Protocol::Modern {
+                return Err(invalid(
+                    key("token_exchange"),
+                    "needs a Streamable HTTP url with protocol = \"modern\" (a caller's token \
+                     is sent on each of its requests, not on a shared upstream session)",
+                ));
+            }
+            if config.auth.mode != AuthMode::Jwt {
+                return Err(invalid(
+                    key("token_exchange"),
+                    "needs [auth] mode = \"jwt\": the caller's JWT is the subject token",
+                ));
+            }
+            let url = tx.token_url.parse::<http::Uri>().ok();
+            if !url.as_ref().is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+            }) {
+                return Err(invalid(k("token_url"), "want an http:// or https:// URL"));
+            }
+            if tx.client_secret_env.is_some() && tx.client_secret_file.is_some() {
+                return Err(invalid(
+                    k("client_secret_env"),
+                    "give client_secret_env or client_secret_file, not both",
+                ));
+            }
+            if (tx.client_secret_env.is_some() || tx.client_secret_file.is_some())
+                && tx.client_id.is_none()
+            {
+                return Err(invalid(
+                    k("client_id"),
+                    "a client secret needs its client_id",
+                ));
+            }
+            if tx.timeout_ms == 0 || tx.max_ttl_ms == 0 {
+                return Err(invalid(
+                    k("timeout_ms"),
+                    "timeout_ms and max_ttl_ms must be greater than 0",
+                ));
+            }
+        }
         for (name, value) in b.env.iter_mut() {
             *value = expand_env(value).map_err(|var| {
                 invalid(

@@ -94,6 +94,10 @@ pub struct RequestCtx {
     /// The `[[auth.tool_limits]]` buckets have been charged for this request's `tools/call`
     /// (once, though the step may be taken again for it after a re-probe).
     pub tool_charged: bool,
+    /// The upstream `Authorization` exchanged for the caller (`[backends.token_exchange]`) on
+    /// the backend named: taken in the step before the request goes out, and used only there.
+    /// Boxed: rare, and the context moves with every request.
+    pub exchanged: Option<Box<(Arc<str>, HeaderValue)>>,
     /// portico wrote this 2026-07-28 request on a client's behalf (`portico stdio`), so it also
     /// builds the headers such a client would (`Mcp-Param-*`, `params::param_headers`).
     pub built_by_portico: bool,
@@ -136,6 +140,7 @@ impl RequestCtx {
             answered: None,
             rate_charged: false,
             tool_charged: false,
+            exchanged: None,
             built_by_portico: false,
             remote: false,
             client: None,

@@ -59,6 +59,12 @@ pub async fn step(
         Err(e) => Err(e),
         // Held until the answer head is in (4., 5.).
         Ok((policy, _admission, _busy)) => {
+            // The caller's own upstream token, where the backend wants one (rare: boxed).
+            if core.auth.exchanges_for(&backend.name)
+                && let Err(e) = Box::pin(exchange_token(core, ctx, backend, req)).await
+            {
+                return Err(e);
+            }
             let before = ctx.upstream;
             // 6. cache, 7. forward or bridge
             let answer = match req.message {
@@ -77,6 +83,12 @@ pub async fn step(
                                 filter_tools_reply(reply, f, req.exposure)
                             }
                             _ if env.method == "server/discover" => portico_versions(reply),
+                            // Fetched with the caller's own token: the caller's own view.
+                            _ if protocol::is_cacheable_method(&env.method)
+                                && core.auth.exchanges_for(&backend.name) =>
+                            {
+                                private_reply(reply)
+                            }
                             _ => reply,
                         })
                         .map(|r| Answer::Reply(Box::new(r)))
@@ -102,6 +114,22 @@ pub async fn step(
         }
     }
     answer
+}
+
+/// `[backends.token_exchange]`: the caller's token exchanged for one for `backend`, kept in
+/// the context for the request about to go out ([`team_headers`]).
+async fn exchange_token(
+    core: &Core,
+    ctx: &mut RequestCtx,
+    backend: &Backend,
+    req: &StepRequest<'_>,
+) -> Result<(), GatewayError> {
+    let authorization = core
+        .auth
+        .exchanged(&core.metrics, &backend.name, req.headers)
+        .await?;
+    ctx.exchanged = authorization.map(|a| Box::new((backend.name.clone(), a)));
+    Ok(())
 }
 
 /// The tool a `tools/call` names: the body's name, or for an unread body the `Mcp-Name`
@@ -307,7 +335,9 @@ async fn answer(
 ) -> Result<Reply, GatewayError> {
     match (env.kind, env.id.as_ref()) {
         (Kind::Request, Some(id))
-            if core.cache.enabled() && protocol::is_cacheable_method(&env.method) =>
+            if core.cache.enabled()
+                && protocol::is_cacheable_method(&env.method)
+                && !core.auth.exchanges_for(&backend.name) =>
         {
             // Boxed: the cache's future is the largest here (~5.9 KB), and inline it would be
             // copied with every other request's (`-Zprint-type-sizes`).
@@ -411,12 +441,12 @@ async fn call_backend(
                     env,
                     &req.body,
                     req.headers,
-                    team,
+                    &team,
                     req.deadline,
                 )
                 .await
             }
-            Some(trace) => Box::pin(bridge_traced(trace, backend, &owner, req, env, team)).await,
+            Some(trace) => Box::pin(bridge_traced(trace, backend, &owner, req, env, &team)).await,
         };
         match bridged? {
             bridge::Bridged::Answer(reply) => return Ok(reply),
@@ -478,7 +508,7 @@ async fn forward(
             .filter(|(name, _)| !req.headers.contains_key(name))
             .cloned(),
     );
-    extra.extend_from_slice(team_headers(ctx, backend));
+    extra.extend_from_slice(&team_headers(ctx, backend));
     let sent = match &ctx.trace {
         None => {
             with_retry(backend, &env.method, || {
@@ -578,14 +608,27 @@ pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
     out
 }
 
-/// The upstream credentials of the caller's team, if the backend configures any.
-fn team_headers<'a>(ctx: &RequestCtx, backend: &'a Backend) -> &'a [(HeaderName, HeaderValue)] {
-    ctx.principal
+/// The upstream credentials of the caller: its team's, if the backend configures any, and
+/// the token exchanged for it (`[backends.token_exchange]`), which wins over them.
+fn team_headers<'a>(
+    ctx: &RequestCtx,
+    backend: &'a Backend,
+) -> Cow<'a, [(HeaderName, HeaderValue)]> {
+    let team = ctx
+        .principal
         .as_deref()
         .and_then(|p| p.team.as_deref())
         .and_then(|t| backend.team_headers.get(t))
         .map(Vec::as_slice)
-        .unwrap_or(&[])
+        .unwrap_or(&[]);
+    match ctx.exchanged.as_deref() {
+        Some((name, authorization)) if **name == *backend.name => {
+            let mut out = team.to_vec();
+            out.push((http::header::AUTHORIZATION, authorization.clone()));
+            Cow::Owned(out)
+        }
+        _ => Cow::Borrowed(team),
+    }
 }
 
 /// Step 3 on the way back: removes the tools the team policy hides from a `tools/list`
@@ -603,6 +646,19 @@ fn filter_tools_reply(reply: Reply, filter: &ToolFilter, exposure: Exposure<'_>)
             s.map(move |item| item.map(|b| crate::policy::filter_tools(b, &keep)))
                 .boxed(),
         ),
+        MessageStream::Empty => MessageStream::Empty,
+    };
+    Reply { messages, ..reply }
+}
+
+/// A result labelled `cacheScope: "private"` where it said `"public"` (`policy::private_scope`).
+fn private_reply(reply: Reply) -> Reply {
+    use futures_util::StreamExt;
+    let messages = match reply.messages {
+        MessageStream::One(b) => MessageStream::One(crate::policy::private_scope(b)),
+        MessageStream::Many(s) => {
+            MessageStream::Many(s.map(|item| item.map(crate::policy::private_scope)).boxed())
+        }
         MessageStream::Empty => MessageStream::Empty,
     };
     Reply { messages, ..reply }

@@ -32,7 +32,8 @@ pub fn can_pass_through(
 /// the exchange:
 /// - an unknown protocol version, a backend of another kind or era;
 /// - a cacheable method while the cache is on (the key comes from the body, and the body must
-///   agree with the headers before an entry is served or stored);
+///   agree with the headers before an entry is served or stored), or from a backend that
+///   exchanges its callers' tokens (the answer is labelled the caller's own: `private`);
 /// - `server/discover`, whose `supportedVersions` portico rewrites to its own;
 /// - `subscriptions/listen`, whose notifications get the client's `subscriptionId` and whose
 ///   stream is counted while open;
@@ -50,7 +51,8 @@ pub fn can_relay(
     !mh.unknown_version
         && backend.verdict() == Verdict::Modern
         && matches!(backend.upstream, Upstream::Http(_))
-        && !(core.cache.enabled() && protocol::is_cacheable_method(method))
+        && !((core.cache.enabled() || core.auth.exchanges_for(&backend.name))
+            && protocol::is_cacheable_method(method))
         && method != "server/discover"
         && method != "subscriptions/listen"
         && !(ctx.built_by_portico && method == "tools/call")
@@ -76,12 +78,12 @@ pub(super) async fn pass_through(
     let exchanged = match &ctx.trace {
         None => {
             with_retry(backend, method, || {
-                up.forward(req.headers, team, &req.body, req.deadline)
+                up.forward(req.headers, &team, &req.body, req.deadline)
             })
             .await
         }
         // Boxed: the untraced path's state stays as small as it was.
-        Some(trace) => Box::pin(pass_through_traced(trace, backend, up, req, team, method)).await,
+        Some(trace) => Box::pin(pass_through_traced(trace, backend, up, req, &team, method)).await,
     };
     ctx.upstream_since(sent);
     let ex = match exchanged {

@@ -20,7 +20,7 @@ fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -39,14 +39,14 @@ fn mint(alg: &str, kid: &str, claims: &Value, sign: impl Fn(&[u8]) -> Vec<u8>) -
 }
 
 /// Signing keys for the three algorithms, and the JWKS that publishes them.
-struct Keys {
+pub(crate) struct Keys {
     es: signature::EcdsaKeyPair,
     rsa: signature::RsaKeyPair,
     rng: SystemRandom,
 }
 
 impl Keys {
-    fn new() -> Keys {
+    pub(crate) fn new() -> Keys {
         let rng = SystemRandom::new();
         let pk8 = signature::EcdsaKeyPair::generate_pkcs8(
             &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
@@ -65,7 +65,7 @@ impl Keys {
         Keys { es, rsa, rng }
     }
 
-    fn jwks(&self) -> Value {
+    pub(crate) fn jwks(&self) -> Value {
         let point = self.es.public_key().as_ref();
         let rsa = signature::RsaPublicKeyComponents::<Vec<u8>>::from(self.rsa.public());
         json!({"keys": [
@@ -94,7 +94,7 @@ impl Keys {
         })
     }
 
-    fn es(&self, claims: &Value) -> String {
+    pub(crate) fn es(&self, claims: &Value) -> String {
         mint("ES256", "es", claims, |m| {
             self.es.sign(&self.rng, m).unwrap().as_ref().to_vec()
         })

@@ -30,6 +30,7 @@ mod status; // status page
 mod stdio;
 mod stdio_front;
 mod tls;
+mod token_exchange;
 mod traces;
 mod upstream_faults;
 mod upstream_h1;

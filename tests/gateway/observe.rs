@@ -836,6 +836,7 @@ fn every_exported_metric_is_documented() {
         upstream: Some(std::time::Duration::from_millis(1)),
     });
     m.aggregate_omitted("/mcp", "b");
+    m.token_exchange("b", "exchanged");
     portico::stats::tools::KnownTools::default().record(
         &m,
         "b",

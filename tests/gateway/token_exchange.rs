@@ -1,0 +1,312 @@
+//! RFC 8693 token exchange (`[backends.token_exchange]`, `src/auth/exchange.rs`): a backend
+//! gets a token the identity provider issued for it on each caller's behalf, never the
+//! client's own token nor another caller's. Real gateway (JWT mode), the in-repo mock backend
+//! and a small token endpoint in this file, on loopback.
+
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::mock::MockMcp;
+use crate::common::{Gateway, mcp_with, send};
+use crate::jwt::{Keys, now};
+
+/// What the token endpoint was asked: the form, and the client authentication.
+#[derive(Clone, Debug)]
+struct Asked {
+    form: Vec<(String, String)>,
+    basic: Option<String>,
+}
+
+impl Asked {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.form
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A token endpoint: exchanges a subject token for `tx-<sub>-<audience>-<n>`; refuses the
+/// subject `mallory` (400 `invalid_grant`); answers 503 while `down`.
+#[derive(Clone, Default)]
+struct Idp {
+    asked: Arc<Mutex<Vec<Asked>>>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Idp {
+    async fn start(&self) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/oauth/token", l.local_addr().unwrap());
+        let idp = self.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = l.accept().await {
+                let idp = idp.clone();
+                tokio::spawn(async move {
+                    let Some((head, body)) = read_request(&mut tcp).await else {
+                        return;
+                    };
+                    let (status, doc) = idp.answer(&head, &body);
+                    let resp = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{doc}",
+                        doc.len()
+                    );
+                    let _ = tcp.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        url
+    }
+
+    fn answer(&self, head: &str, body: &[u8]) -> (&'static str, String) {
+        let form: Vec<(String, String)> = form_urlencoded::parse(body).into_owned().collect();
+        let basic = head.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("authorization")
+                .then(|| value.trim().to_string())
+        });
+        let asked = Asked { form, basic };
+        let n = {
+            let mut all = self.asked.lock().unwrap();
+            all.push(asked.clone());
+            all.len()
+        };
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return ("503 Service Unavailable", "{}".into());
+        }
+        // The subject's `sub`, unverified: the test's own tokens.
+        let sub = asked
+            .get("subject_token")
+            .and_then(|t| t.split('.').nth(1))
+            .and_then(|p| {
+                use base64::Engine;
+                base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(p)
+                    .ok()
+            })
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|c| c["sub"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        if sub == "mallory" {
+            return (
+                "400 Bad Request",
+                json!({"error": "invalid_grant", "error_description": "mallory may not"})
+                    .to_string(),
+            );
+        }
+        let audience = asked.get("audience").unwrap_or("");
+        (
+            "200 OK",
+            json!({
+                "access_token": format!("tx-{sub}-{audience}-{n}"),
+                "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                "token_type": "Bearer",
+                "expires_in": 3600,
+            })
+            .to_string(),
+        )
+    }
+}
+
+/// One HTTP/1.1 request: its head and its `Content-Length` body (bounded: 64 KiB).
+async fn read_request(tcp: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (n, v) = l.split_once(':')?;
+                    n.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = tcp.read(&mut chunk).await.ok()?;
+                if n == 0 {
+                    return None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return Some((head, buf[end + 4..end + 4 + len].to_vec()));
+        }
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read(&mut chunk))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 || buf.len() > 64 * 1024 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Each caller's requests reach the backend with the token exchanged for that caller — on
+/// the pass-through path (`tools/call`) and the message path (`tools/list`) alike — never with
+/// the client's own token; one exchange per caller token (cached), its form as RFC 8693 has
+/// it with the client authenticated by HTTP Basic. Lists fetched so are the caller's own
+/// (`private`, not served from the shared cache). The IdP refusing a caller is a 403 naming
+/// its error; the IdP down is a 502 — neither reaches the backend — and a caller whose token
+/// was exchanged before goes on.
+#[tokio::test]
+async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own() {
+    let keys = Keys::new();
+    let idp = Idp::default();
+    let token_url = idp.start().await;
+    let mock = MockMcp::modern()
+        .ttl_ms(Some(60_000))
+        .cache_scope(Some("public"))
+        .start()
+        .await;
+    let jwks = crate::common::secret_file("tx-jwks", &keys.jwks().to_string());
+    let secret = crate::common::secret_file("tx-secret", "s3cret:x\n");
+    let gw = Gateway::start(&format!(
+        "[metrics]\n[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_file = \"{}\"\n\
+         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n\
+         [backends.token_exchange]\ntoken_url = \"{token_url}\"\nclient_id = \"portico\"\n\
+         client_secret_file = \"{}\"\naudience = \"m-api\"\nscope = \"tools:call\"\n",
+        jwks.display(),
+        mock.url(),
+        secret.display(),
+    ))
+    .await;
+    let url = gw.url("/mcp/m");
+    let token = |sub: &str| keys.es(&json!({"sub": sub, "exp": now() + 300}));
+    let (alice, bob) = (token("alice"), token("bob"));
+    let ask = |token: &str, method: &'static str| {
+        let (url, auth) = (url.clone(), format!("Bearer {token}"));
+        async move {
+            let params = match method {
+                "tools/call" => json!({"name": "echo", "arguments": {"text": "hi"}}),
+                _ => json!({}),
+            };
+            mcp_with(&url, json!(7), method, params, &[("authorization", &auth)]).await
+        }
+    };
+
+    for _ in 0..2 {
+        assert_eq!(ask(&alice, "tools/call").await.status, 200);
+    }
+    let list = ask(&alice, "tools/list").await;
+    assert_eq!(list.status, 200, "{:?}", list.body);
+    assert_eq!(
+        list.json()["result"]["cacheScope"],
+        "private",
+        "fetched with the caller's own token: the caller's own view"
+    );
+    assert_eq!(ask(&alice, "tools/list").await.status, 200);
+    assert_eq!(ask(&bob, "tools/call").await.status, 200);
+    assert_eq!(
+        mock.count("tools/list"),
+        2,
+        "not served from the shared cache"
+    );
+
+    // What the backend saw: the exchanged tokens, each caller's own, never a client's.
+    let seen: Vec<String> = mock
+        .seen()
+        .iter()
+        // portico's own traffic (the health probe's `server/discover`) has no caller.
+        .filter(|s| {
+            s.body["method"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("tools/"))
+        })
+        .map(|s| {
+            s.headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            "Bearer tx-alice-m-api-1",
+            "Bearer tx-alice-m-api-1",
+            "Bearer tx-alice-m-api-1",
+            "Bearer tx-alice-m-api-1",
+            "Bearer tx-bob-m-api-2",
+        ]
+    );
+    assert!(
+        seen.iter()
+            .all(|a| !a.contains(&alice) && !a.contains(&bob))
+    );
+    // What the IdP was asked: once per caller token, as RFC 8693 has it.
+    let asked = idp.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 2, "one exchange per caller token");
+    let first = &asked[0];
+    assert_eq!(
+        first.get("grant_type"),
+        Some("urn:ietf:params:oauth:grant-type:token-exchange")
+    );
+    assert_eq!(first.get("subject_token"), Some(alice.as_str()));
+    assert_eq!(
+        first.get("subject_token_type"),
+        Some("urn:ietf:params:oauth:token-type:access_token")
+    );
+    assert_eq!(first.get("audience"), Some("m-api"));
+    assert_eq!(first.get("scope"), Some("tools:call"));
+    use base64::Engine;
+    let basic = base64::engine::general_purpose::STANDARD.encode("portico:s3cret%3Ax");
+    assert_eq!(
+        first.basic.as_deref(),
+        Some(format!("Basic {basic}").as_str())
+    );
+
+    // Refused by the IdP: 403 naming its error; nothing reaches the backend.
+    let calls = mock.count("tools/call");
+    let r = ask(&token("mallory"), "tools/call").await;
+    assert_eq!((r.status, r.code()), (403, -32600), "{:?}", r.body);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("invalid_grant") && msg.contains("mallory may not"),
+        "{msg}"
+    );
+    // The IdP down: 502 for a caller it has not seen, never a hang; Alice's token was
+    // exchanged before and she goes on.
+    idp.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        ask(&token("carol"), "tools/call"),
+    )
+    .await
+    .expect("answered within 10 s");
+    assert_eq!(r.status, 502, "{:?}", r.body);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("identity provider"),
+        "{:?}",
+        r.body
+    );
+    assert_eq!(
+        mock.count("tools/call"),
+        calls,
+        "neither reached the backend"
+    );
+    assert_eq!(ask(&alice, "tools/call").await.status, 200);
+
+    let scrape = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
+    let text = String::from_utf8_lossy(&scrape.body).to_string();
+    for (outcome, n) in [
+        ("exchanged", 2),
+        ("cached", 4),
+        ("refused", 1),
+        ("failed", 1),
+    ] {
+        let line =
+            format!("portico_token_exchanges_total{{backend=\"m\",outcome=\"{outcome}\"}} {n}");
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
+    assert!(text.contains("reason=\"token_exchange_refused\""));
+    assert!(text.contains("reason=\"token_exchange_failed\""));
+    gw.stop().await;
+}
