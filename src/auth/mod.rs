@@ -298,7 +298,8 @@ impl Auth {
     /// Whether `backend` exchanges its callers' tokens (then what it answers depends on the
     /// caller: its cache entries are the caller's own).
     pub fn exchanges_for(&self, backend: &str) -> bool {
-        self.exchanges.contains_key(backend)
+        // On every request: no hashing at all when no backend exchanges tokens.
+        !self.exchanges.is_empty() && self.exchanges.contains_key(backend)
     }
 
     /// On a reload: keeps the previous generation's rate-limit buckets for every rate this
