@@ -6,7 +6,8 @@
 //! generation's upstream resources (stdio children, legacy sessions) are released once the last
 //! of them is done, or after the drain time. An invalid file changes nothing: the old config
 //! stays and the log says why. Rate-limit buckets whose rate is unchanged carry over (a reload
-//! must not refill them). The listener, TLS and HTTP/1 limits are bound at startup; a change
+//! must not refill them), as do tokens exchanged for callers (RFC 8693) under an unchanged
+//! exchange. The listener, TLS and HTTP/1 limits are bound at startup; a change
 //! to `[server]` needs a restart (logged). What is refused for a listener at startup is refused
 //! for it on reload too, judged by the address it is bound to until the restart: `[auth] mode =
 //! "none"` on a listener that is not loopback, an admin listener that is not loopback without a
@@ -82,8 +83,9 @@ pub fn reload(
         tracing::warn!("[server] listen/TLS/header limits changed: they apply after a restart");
     }
     let mut state = State::build(config, metrics).map_err(|e| e.to_string())?;
-    // A reload is no reason to refill anyone's rate-limit buckets.
-    state.core.auth.keep_buckets(&current.core.auth);
+    // A reload is no reason to refill anyone's rate-limit buckets, nor to exchange every
+    // caller's token again.
+    state.core.auth.carry_over(&current.core.auth);
     let old = shared.swap(Arc::new(state));
     tokio::spawn(retire(old));
     Ok(())

@@ -113,6 +113,14 @@ impl Exchanger {
         })
     }
 
+    /// After a reload: the tokens the previous generation's exchanger `old` holds, when it
+    /// asked the same IdP the same way with the same client credentials.
+    pub fn keep_from(&mut self, old: &Exchanger) {
+        if self.cfg == old.cfg && self.client_auth == old.client_auth {
+            self.tokens = old.tokens.clone();
+        }
+    }
+
     /// The upstream `Authorization` for the caller whose JWT is `subject`: from the cache, or
     /// exchanged now (`true`: the IdP was asked for it).
     pub async fn authorization(&self, subject: &str) -> Result<(HeaderValue, bool), ExchangeError> {
@@ -296,6 +304,29 @@ mod tests {
         );
         let failed = read_answer(StatusCode::BAD_GATEWAY, b"{}", MAX);
         assert!(matches!(failed, Err(ExchangeError::Failed(m)) if m.contains("502")));
+    }
+
+    /// A reload keeps the tokens exchanged under an unchanged exchange, and only then.
+    #[tokio::test]
+    async fn a_reload_keeps_tokens_only_under_the_same_exchange() {
+        let cfg: TokenExchangeConfig =
+            toml::from_str("token_url = 'http://127.0.0.1:1/token'\naudience = 'a'\n").unwrap();
+        let old = Exchanger::new("b", &cfg).unwrap();
+        let token = Arc::new(Exchanged {
+            authorization: HeaderValue::from_static("Bearer t"),
+            ttl: Duration::from_secs(60),
+        });
+        old.tokens.insert([1; 32], token).await;
+        let mut same = Exchanger::new("b", &cfg).unwrap();
+        same.keep_from(&old);
+        assert!(same.tokens.get(&[1; 32]).await.is_some());
+        let other = TokenExchangeConfig {
+            audience: Some("another".into()),
+            ..cfg
+        };
+        let mut changed = Exchanger::new("b", &other).unwrap();
+        changed.keep_from(&old);
+        assert!(changed.tokens.get(&[1; 32]).await.is_none());
     }
 
     #[test]

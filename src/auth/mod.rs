@@ -303,9 +303,15 @@ impl Auth {
     }
 
     /// On a reload: keeps the previous generation's rate-limit buckets for every rate this
-    /// one does not change (`limits::Limits::keep_from`).
-    pub fn keep_buckets(&mut self, old: &Auth) {
+    /// one does not change (`limits::Limits::keep_from`), and the tokens exchanged for callers
+    /// of every backend whose token exchange is unchanged (`exchange::Exchanger::keep_from`).
+    pub fn carry_over(&mut self, old: &Auth) {
         self.limits.keep_from(&old.limits);
+        for (backend, exchanger) in &mut self.exchanges {
+            if let Some(old) = old.exchanges.get(backend) {
+                exchanger.keep_from(old);
+            }
+        }
     }
 
     /// Starts the JWKS URL refresh task, if one is configured. It holds only a weak reference

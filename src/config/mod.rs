@@ -589,7 +589,7 @@ pub struct BackendConfig {
 /// subject token, `[auth] mode = "jwt"`) is exchanged at `token_url` for a token meant for
 /// this backend (`audience`/`resource`/`scope`), cached per caller token until shortly
 /// before it expires. The client's token itself never reaches the backend.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenExchangeConfig {
     /// The IdP's token endpoint (`http://` or `https://`).

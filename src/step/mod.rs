@@ -124,10 +124,17 @@ async fn exchange_token(
     backend: &Backend,
     req: &StepRequest<'_>,
 ) -> Result<(), GatewayError> {
-    let authorization = core
+    let exchange = core
         .auth
-        .exchanged(&core.metrics, &backend.name, req.headers)
-        .await?;
+        .exchanged(&core.metrics, &backend.name, req.headers);
+    // Within the request's deadline too, when that is sooner than the exchange's own bound.
+    let authorization = tokio::time::timeout_at(req.deadline, exchange)
+        .await
+        .map_err(|_| GatewayError::TokenExchange {
+            backend: backend.name.to_string(),
+            detail: "the identity provider did not answer within the request's deadline".into(),
+            refused: false,
+        })??;
     ctx.exchanged = authorization.map(|a| Box::new((backend.name.clone(), a)));
     Ok(())
 }
