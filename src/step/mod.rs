@@ -55,16 +55,19 @@ pub async fn step(
     let tool = called_tool(req.message);
     // One async frame for steps 1 to 7 (admission is synchronous): every frame between the
     // listener and the transport is polled again at each wake-up of the request.
-    let answer = match admit(core, ctx, backend, req) {
+    let admitted = match admit(core, ctx, backend, req) {
+        // The caller's own upstream token, where the backend wants one (rare: boxed).
+        Ok(guards) if core.auth.exchanges_for(&backend.name) => {
+            Box::pin(exchange_token(core, ctx, backend, req))
+                .await
+                .map(|()| guards)
+        }
+        admitted => admitted,
+    };
+    let answer = match admitted {
         Err(e) => Err(e),
         // Held until the answer head is in (4., 5.).
         Ok((policy, _admission, _busy)) => {
-            // The caller's own upstream token, where the backend wants one (rare: boxed).
-            if core.auth.exchanges_for(&backend.name)
-                && let Err(e) = Box::pin(exchange_token(core, ctx, backend, req)).await
-            {
-                return Err(e);
-            }
             let before = ctx.upstream;
             // 6. cache, 7. forward or bridge
             let answer = match req.message {

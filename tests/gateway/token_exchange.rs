@@ -306,6 +306,13 @@ async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own(
             format!("portico_token_exchanges_total{{backend=\"m\",outcome=\"{outcome}\"}} {n}");
         assert!(text.contains(&line), "{line}\n{text}");
     }
+    // The refused call is counted for its tool like any other refusal of the step.
+    assert!(
+        text.contains(
+            r#"portico_tool_calls_total{backend="m",outcome="client_error",tool="echo"} 1"#
+        ),
+        "{text}"
+    );
     assert!(text.contains("reason=\"token_exchange_refused\""));
     assert!(text.contains("reason=\"token_exchange_failed\""));
     gw.stop().await;
