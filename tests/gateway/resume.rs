@@ -11,7 +11,7 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use std::time::Duration;
 
-use crate::common::mock::MockMcp;
+use crate::common::mock::{MockHandle, MockMcp};
 use crate::common::*;
 use crate::legacy::OldClient;
 use crate::listen::until;
@@ -141,6 +141,28 @@ async fn progress_call(c: &OldClient, id: u64, steps: u64, delay_ms: u64) -> Eve
     Events::new(send_stream("POST", &c.url, &post_headers(c), body.to_string()).await)
 }
 
+/// The rest of call 5 (4 progress steps) resumed after its first progress: the events up to
+/// the response, ids continuing after the one named, the stream ending there, and the call
+/// made once upstream.
+async fn rest_of_the_call(mut again: Events, mock: &MockHandle) -> Vec<Event> {
+    let rest = again.until_response().await;
+    let seqs: Vec<u64> = rest.iter().map(Event::seq).collect();
+    assert_eq!(seqs, [2, 3, 4, 5], "ids continue after the one named");
+    let answer = rest.last().unwrap().json();
+    assert_eq!(answer["id"], 5);
+    assert_eq!(answer["result"]["content"][0]["text"], "done 4", "{answer}");
+    assert!(
+        again.next().await.is_none(),
+        "the stream ends after its answer"
+    );
+    assert_eq!(
+        mock.count("tools/call"),
+        1,
+        "the call reached the server once"
+    );
+    rest
+}
+
 async fn resume_get(c: &OldClient, last: &str) -> http::Response<Incoming> {
     send_stream(
         "GET",
@@ -202,28 +224,13 @@ async fn an_answer_stream_outlives_its_connection_and_is_resumed() {
         "{err}"
     );
 
-    let mut again = Events::new(resume_get(&c, &last).await);
-    let rest = again.until_response().await;
+    let rest = rest_of_the_call(Events::new(resume_get(&c, &last).await), &mock).await;
     let progress: Vec<Value> = rest
         .iter()
         .filter(|e| e.json()["method"] == "notifications/progress")
         .map(|e| e.json()["params"]["progress"].clone())
         .collect();
     assert_eq!(progress, [json!(2), json!(3), json!(4)], "{rest:?}");
-    let seqs: Vec<u64> = rest.iter().map(Event::seq).collect();
-    assert_eq!(seqs, [2, 3, 4, 5], "ids continue after the one named");
-    let answer = rest.last().unwrap().json();
-    assert_eq!(answer["id"], 5);
-    assert_eq!(answer["result"]["content"][0]["text"], "done 4", "{answer}");
-    assert!(
-        again.next().await.is_none(),
-        "the stream ends after its answer"
-    );
-    assert_eq!(
-        mock.count("tools/call"),
-        1,
-        "the call reached the server once"
-    );
 
     let s = scrape(&gw).await;
     assert!(
@@ -281,10 +288,7 @@ async fn a_resume_on_another_replica_is_forwarded_to_the_one_holding_the_stream(
     let r = send("GET", &on_two.url, &h, "").await;
     assert_eq!((r.status, r.code()), (400, -32000), "{:?}", r.body);
 
-    let mut again = Events::new(resume_get(&on_two, &last).await);
-    let rest = again.until_response().await;
-    let seqs: Vec<u64> = rest.iter().map(Event::seq).collect();
-    assert_eq!(seqs, [2, 3, 4, 5], "ids continue after the one named");
+    let rest = rest_of_the_call(Events::new(resume_get(&on_two, &last).await), &mock).await;
     assert!(
         rest.iter().all(|e| e
             .id
@@ -292,18 +296,6 @@ async fn a_resume_on_another_replica_is_forwarded_to_the_one_holding_the_stream(
             .unwrap()
             .ends_with(&last[last.find('.').unwrap()..])),
         "the holder's ids, relayed as written: {rest:?}"
-    );
-    let answer = rest.last().unwrap().json();
-    assert_eq!(answer["id"], 5);
-    assert_eq!(answer["result"]["content"][0]["text"], "done 4", "{answer}");
-    assert!(
-        again.next().await.is_none(),
-        "the stream ends after its answer"
-    );
-    assert_eq!(
-        mock.count("tools/call"),
-        1,
-        "the call reached the server once"
     );
     assert!(
         scrape(&two)
