@@ -433,6 +433,9 @@ pub struct SessionSlot {
     /// An upstream session another replica opened for this owner (sealed in a legacy
     /// client's session id): adopted instead of a fresh `initialize`, once.
     pub adopt: Mutex<Option<(HeaderValue, HeaderValue)>>,
+    /// The owner's upstream credentials when the slot was made (its team's `team_headers`, a
+    /// token exchanged for it): its `DELETE` carries them, as its requests did.
+    pub credentials: Vec<(http::HeaderName, HeaderValue)>,
 }
 
 /// An initialized upstream session.

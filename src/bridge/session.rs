@@ -123,6 +123,12 @@ fn new_slot(b: &Arc<Backend>, key: &OwnerKey, owner: &Owner, team: &[Team]) -> S
         init_lock: Default::default(),
         child,
         adopt: std::sync::Mutex::new(adopt),
+        // portico's own session is nobody's: no caller's credentials on it.
+        credentials: if *key == OWN {
+            Vec::new()
+        } else {
+            team.to_vec()
+        },
     }
 }
 
@@ -271,9 +277,20 @@ pub(super) async fn session_or_modern(
             } else {
                 owner.clone()
             };
+            // The caller's upstream credentials open its own session as they go on its
+            // requests (a server that authenticates every request refuses an `initialize`
+            // without them); portico's own session is nobody's.
+            let team = if key == OWN { &[][..] } else { team };
             // Boxed: the handshake is rare, and inline its state would set the size (and the
             // cost of every move) of each bridged call's future.
-            Box::pin(initialize(b, slot.value.child.as_ref(), &own, deadline)).await?
+            Box::pin(initialize(
+                b,
+                slot.value.child.as_ref(),
+                &own,
+                team,
+                deadline,
+            ))
+            .await?
         }
     };
     let s = Arc::new(s);
@@ -306,7 +323,7 @@ fn start_reaper(b: &Arc<Backend>) {
 /// Ends one slot: `DELETE` of its HTTP session, or its own stdio child stopped.
 pub(super) async fn close_slot(b: Arc<Backend>, slot: Held) {
     if let Some(s) = slot.value.session.swap(None) {
-        delete_upstream(&b, s.id.as_ref(), &s.version).await;
+        delete_upstream(&b, s.id.as_ref(), &s.version, &slot.value.credentials).await;
     }
     if let Some(child) = &slot.value.child {
         child.shutdown().await;
@@ -314,18 +331,21 @@ pub(super) async fn close_slot(b: Arc<Backend>, slot: Held) {
 }
 
 /// `DELETE`s an HTTP upstream session (bounded: 2 s).
-async fn delete_upstream(b: &Backend, id: Option<&HeaderValue>, version: &HeaderValue) {
+async fn delete_upstream(
+    b: &Backend,
+    id: Option<&HeaderValue>,
+    version: &HeaderValue,
+    credentials: &[Team],
+) {
     let (Upstream::Http(up), Some(sid)) = (b.transport(), id) else {
         return;
     };
-    let mut req = up.request(
-        &HeaderMap::new(),
-        &[
-            (h::names::SESSION_ID, sid.clone()),
-            (h::names::PROTOCOL_VERSION, version.clone()),
-        ],
-        Bytes::new(),
-    );
+    let mut extra = vec![
+        (h::names::SESSION_ID, sid.clone()),
+        (h::names::PROTOCOL_VERSION, version.clone()),
+    ];
+    extra.extend_from_slice(credentials);
+    let mut req = up.request(&HeaderMap::new(), &extra, Bytes::new());
     *req.method_mut() = http::Method::DELETE;
     let deadline = Instant::now() + std::time::Duration::from_secs(2);
     if let Ok(ex) = up.exchange(req, deadline).await {
@@ -348,7 +368,8 @@ pub async fn close_owner(b: &Arc<Backend>, owner: &Owner) {
         && let (Ok(id), Ok(v)) = (HeaderValue::from_str(id), HeaderValue::from_str(v))
         && closed.as_ref() != Some(&id)
     {
-        delete_upstream(b, Some(&id), &v).await;
+        // Opened on another replica: its credentials are not known here (best effort).
+        delete_upstream(b, Some(&id), &v, &[]).await;
     }
 }
 
@@ -444,6 +465,7 @@ pub(super) async fn initialize(
     b: &Backend,
     child: Option<&Arc<StdioUpstream>>,
     owner: &Owner,
+    team: &[Team],
     deadline: Instant,
 ) -> Result<LegacySession, SessionError> {
     let n = b.bridge.next_id.fetch_add(1, Ordering::Relaxed);
@@ -457,11 +479,9 @@ pub(super) async fn initialize(
     let stdio = stdio_of(b, child);
     let (messages, session_id, generation, status) = match (b.transport(), stdio) {
         (Upstream::Http(up), _) => {
-            let req = up.request(
-                &HeaderMap::new(),
-                &base_headers(0),
-                initialize_body(&id, owner),
-            );
+            let mut extra = base_headers(team.len());
+            extra.extend_from_slice(team);
+            let req = up.request(&HeaderMap::new(), &extra, initialize_body(&id, owner));
             let reply = up
                 .call(req, deadline)
                 .await
@@ -509,11 +529,12 @@ pub(super) async fn initialize(
     // notifications/initialized: the server must see it before anything else.
     match (b.transport(), stdio) {
         (Upstream::Http(up), _) => {
-            let mut extra = base_headers(2);
+            let mut extra = base_headers(2 + team.len());
             extra.push((h::names::PROTOCOL_VERSION, version.clone()));
             if let Some(sid) = &session_id {
                 extra.push((h::names::SESSION_ID, sid.clone()));
             }
+            extra.extend_from_slice(team);
             let req = up.request(&HeaderMap::new(), &extra, Bytes::from_static(INITIALIZED));
             let reply = up
                 .call(req, deadline)

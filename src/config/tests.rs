@@ -231,8 +231,8 @@ fn sse_sessions_per_principal_is_at_least_one() {
     );
 }
 
-/// `[backends.token_exchange]` needs JWT auth (the subject token) and a modern Streamable
-/// HTTP backend (a token per request, not a shared upstream session); its defaults are named
+/// `[backends.token_exchange]` needs JWT auth (the subject token) and a Streamable HTTP
+/// backend of a configured era (the `auto` probe has no caller); its defaults are named
 /// constants, and a secret without a client id, both secret sources, a bad URL or a zero
 /// bound are refused naming the key.
 #[test]
@@ -245,6 +245,11 @@ fn token_exchange_needs_jwt_and_a_modern_http_backend() {
         ))
     };
     let modern = "url = 'http://127.0.0.1:1/mcp'\nprotocol = 'modern'";
+    let legacy = "url = 'http://127.0.0.1:1/mcp'\nprotocol = 'legacy'";
+    assert!(
+        cfg(jwt, legacy, "").is_ok(),
+        "an initialize-era HTTP backend"
+    );
     let c = cfg(jwt, modern, "").unwrap();
     let tx = c.backends[0].token_exchange.as_ref().unwrap();
     assert_eq!(tx.timeout_ms, DEFAULT_TOKEN_EXCHANGE_TIMEOUT_MS);
@@ -258,6 +263,12 @@ fn token_exchange_needs_jwt_and_a_modern_http_backend() {
             "backends[0].token_exchange",
         ),
         (jwt, "command = ['srv']", "", "backends[0].token_exchange"),
+        (
+            jwt,
+            "url = 'http://127.0.0.1:1/sse'\ntransport = 'sse'",
+            "",
+            "backends[0].token_exchange",
+        ),
         (
             jwt,
             modern,

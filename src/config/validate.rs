@@ -210,11 +210,11 @@ pub fn validate(mut config: Config) -> Result<Config, ConfigError> {
         }
         if let Some(tx) = &b.token_exchange {
             let k = |field: &str| key(&format!("token_exchange.{field}"));
-            if b.url.is_none() || b.transport != Transport::Http || b.protocol != Protocol::Modern {
+            if b.url.is_none() || b.transport != Transport::Http || b.protocol == Protocol::Auto {
                 return Err(invalid(
                     key("token_exchange"),
-                    "needs a Streamable HTTP url with protocol = \"modern\" (a caller's token \
-                     is sent on each of its requests, not on a shared upstream session)",
+                    "needs a Streamable HTTP url with protocol = \"modern\" or \"legacy\" (the \
+                     \"auto\" probe has no caller whose token it could carry)",
                 ));
             }
             if config.auth.mode != AuthMode::Jwt {

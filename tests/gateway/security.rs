@@ -290,7 +290,8 @@ async fn allow_teams_and_team_headers_and_the_client_token_never_reaches_the_bac
 }
 
 /// `team_headers` reach an initialize-era backend too: every bridged request of a caller of
-/// that team carries the team's credential, never the client's token.
+/// that team carries the team's credential, never the client's token — the `initialize`,
+/// `notifications/initialized` and `DELETE` of its upstream session included.
 #[tokio::test]
 async fn team_headers_reach_a_legacy_backend() {
     let mock = MockMcp::legacy().start().await;
@@ -316,6 +317,29 @@ async fn team_headers_reach_a_legacy_backend() {
         .collect();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].headers["authorization"], "Bearer upstream-blue");
+    // The caller's session is opened with them too: a server that authenticates every
+    // request would refuse an `initialize` without them.
+    for method in ["initialize", "notifications/initialized"] {
+        let opened: Vec<_> = mock
+            .seen()
+            .into_iter()
+            .filter(|s| s.body["method"] == method)
+            .collect();
+        assert_eq!(opened.len(), 1, "{method}");
+        assert_eq!(
+            opened[0].headers["authorization"], "Bearer upstream-blue",
+            "{method}"
+        );
+    }
+    gw.stop().await;
+    // And closed with them (on shutdown: DELETE).
+    let deletes: Vec<_> = mock
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == http::Method::DELETE)
+        .collect();
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(deletes[0].headers["authorization"], "Bearer upstream-blue");
     for s in mock.seen() {
         for v in s.headers.values() {
             assert!(
@@ -324,7 +348,6 @@ async fn team_headers_reach_a_legacy_backend() {
             );
         }
     }
-    gw.stop().await;
 }
 
 #[tokio::test]

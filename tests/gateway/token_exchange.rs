@@ -145,6 +145,52 @@ async fn read_request(tcp: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8
     }
 }
 
+/// A JWT gateway over the test keys with backend `m` (`protocol`) exchanging its callers'
+/// tokens at `token_url` (audience `m-api`, client `portico` by HTTP Basic).
+async fn gateway(keys: &Keys, token_url: &str, mock_url: &str, protocol: &str) -> Gateway {
+    let jwks = crate::common::secret_file("tx-jwks", &keys.jwks().to_string());
+    let secret = crate::common::secret_file("tx-secret", "s3cret:x\n");
+    Gateway::start(&format!(
+        "[metrics]\n[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_file = \"{}\"\n\
+         [[backends]]\nname = \"m\"\nurl = \"{mock_url}\"\nprotocol = \"{protocol}\"\n\
+         [backends.token_exchange]\ntoken_url = \"{token_url}\"\nclient_id = \"portico\"\n\
+         client_secret_file = \"{}\"\naudience = \"m-api\"\nscope = \"tools:call\"\n",
+        jwks.display(),
+        secret.display(),
+    ))
+    .await
+}
+
+/// `method` (`tools/call` of `echo`, or a list) on `url` as the caller whose JWT is `token`.
+async fn ask(url: &str, token: &str, method: &'static str) -> crate::common::Resp {
+    let params = match method {
+        "tools/call" => json!({"name": "echo", "arguments": {"text": "hi"}}),
+        _ => json!({}),
+    };
+    let auth = format!("Bearer {token}");
+    mcp_with(url, json!(7), method, params, &[("authorization", &auth)]).await
+}
+
+/// The `Authorization` of each request the mock saw with a JSON-RPC method (portico's own
+/// health probe has no caller, and is left out with `only`).
+fn authorizations(mock: &crate::common::mock::MockHandle, only: &str) -> Vec<String> {
+    mock.seen()
+        .iter()
+        .filter(|s| {
+            s.body["method"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(only))
+        })
+        .map(|s| {
+            s.headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect()
+}
+
 /// Each caller's requests reach the backend with the token exchanged for that caller — on
 /// the pass-through path (`tools/call`) and the message path (`tools/list`) alike — never with
 /// the client's own token; one exchange per caller token (cached), its form as RFC 8693 has
@@ -162,44 +208,23 @@ async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own(
         .cache_scope(Some("public"))
         .start()
         .await;
-    let jwks = crate::common::secret_file("tx-jwks", &keys.jwks().to_string());
-    let secret = crate::common::secret_file("tx-secret", "s3cret:x\n");
-    let gw = Gateway::start(&format!(
-        "[metrics]\n[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_file = \"{}\"\n\
-         [[backends]]\nname = \"m\"\nurl = \"{}\"\nprotocol = \"modern\"\n\
-         [backends.token_exchange]\ntoken_url = \"{token_url}\"\nclient_id = \"portico\"\n\
-         client_secret_file = \"{}\"\naudience = \"m-api\"\nscope = \"tools:call\"\n",
-        jwks.display(),
-        mock.url(),
-        secret.display(),
-    ))
-    .await;
+    let gw = gateway(&keys, &token_url, &mock.url(), "modern").await;
     let url = gw.url("/mcp/m");
     let token = |sub: &str| keys.es(&json!({"sub": sub, "exp": now() + 300}));
     let (alice, bob) = (token("alice"), token("bob"));
-    let ask = |token: &str, method: &'static str| {
-        let (url, auth) = (url.clone(), format!("Bearer {token}"));
-        async move {
-            let params = match method {
-                "tools/call" => json!({"name": "echo", "arguments": {"text": "hi"}}),
-                _ => json!({}),
-            };
-            mcp_with(&url, json!(7), method, params, &[("authorization", &auth)]).await
-        }
-    };
 
     for _ in 0..2 {
-        assert_eq!(ask(&alice, "tools/call").await.status, 200);
+        assert_eq!(ask(&url, &alice, "tools/call").await.status, 200);
     }
-    let list = ask(&alice, "tools/list").await;
+    let list = ask(&url, &alice, "tools/list").await;
     assert_eq!(list.status, 200, "{:?}", list.body);
     assert_eq!(
         list.json()["result"]["cacheScope"],
         "private",
         "fetched with the caller's own token: the caller's own view"
     );
-    assert_eq!(ask(&alice, "tools/list").await.status, 200);
-    assert_eq!(ask(&bob, "tools/call").await.status, 200);
+    assert_eq!(ask(&url, &alice, "tools/list").await.status, 200);
+    assert_eq!(ask(&url, &bob, "tools/call").await.status, 200);
     assert_eq!(
         mock.count("tools/list"),
         2,
@@ -207,23 +232,7 @@ async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own(
     );
 
     // What the backend saw: the exchanged tokens, each caller's own, never a client's.
-    let seen: Vec<String> = mock
-        .seen()
-        .iter()
-        // portico's own traffic (the health probe's `server/discover`) has no caller.
-        .filter(|s| {
-            s.body["method"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("tools/"))
-        })
-        .map(|s| {
-            s.headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string()
-        })
-        .collect();
+    let seen = authorizations(&mock, "tools/");
     assert_eq!(
         seen,
         [
@@ -262,7 +271,7 @@ async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own(
 
     // Refused by the IdP: 403 naming its error; nothing reaches the backend.
     let calls = mock.count("tools/call");
-    let r = ask(&token("mallory"), "tools/call").await;
+    let r = ask(&url, &token("mallory"), "tools/call").await;
     assert_eq!((r.status, r.code()), (403, -32600), "{:?}", r.body);
     let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(
@@ -274,7 +283,7 @@ async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own(
     idp.down.store(true, std::sync::atomic::Ordering::SeqCst);
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(10),
-        ask(&token("carol"), "tools/call"),
+        ask(&url, &token("carol"), "tools/call"),
     )
     .await
     .expect("answered within 10 s");
@@ -292,7 +301,7 @@ async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own(
         calls,
         "neither reached the backend"
     );
-    assert_eq!(ask(&alice, "tools/call").await.status, 200);
+    assert_eq!(ask(&url, &alice, "tools/call").await.status, 200);
 
     let scrape = send("GET", &gw.metrics_url("/metrics"), &[], "").await;
     let text = String::from_utf8_lossy(&scrape.body).to_string();
@@ -315,5 +324,53 @@ async fn a_backend_sees_a_token_exchanged_for_each_caller_never_the_clients_own(
     );
     assert!(text.contains("reason=\"token_exchange_refused\""));
     assert!(text.contains("reason=\"token_exchange_failed\""));
+    gw.stop().await;
+}
+
+/// An initialize-era backend too: each caller's own upstream session is opened
+/// (`initialize`, `notifications/initialized`) and used with the token exchanged for that
+/// caller — sessions are per caller, so no session ever carries two callers' tokens.
+#[tokio::test]
+async fn an_initialize_era_backend_gets_each_callers_token_on_its_own_session() {
+    let keys = Keys::new();
+    let idp = Idp::default();
+    let token_url = idp.start().await;
+    let mock = MockMcp::legacy().start().await;
+    let gw = gateway(&keys, &token_url, &mock.url(), "legacy").await;
+    let url = gw.url("/mcp/m");
+    let token = |sub: &str| keys.es(&json!({"sub": sub, "exp": now() + 300}));
+    let (alice, bob) = (token("alice"), token("bob"));
+    for t in [&alice, &alice, &bob] {
+        let r = ask(&url, t, "tools/call").await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+    let by_method = |m: &str| authorizations(&mock, m);
+    assert_eq!(
+        by_method("initialize"),
+        ["Bearer tx-alice-m-api-1", "Bearer tx-bob-m-api-2"],
+        "each caller's session opened with its own token"
+    );
+    assert_eq!(
+        by_method("notifications/initialized"),
+        ["Bearer tx-alice-m-api-1", "Bearer tx-bob-m-api-2"]
+    );
+    assert_eq!(
+        by_method("tools/call"),
+        [
+            "Bearer tx-alice-m-api-1",
+            "Bearer tx-alice-m-api-1",
+            "Bearer tx-bob-m-api-2"
+        ]
+    );
+    // Two sessions, one per caller.
+    let sessions: std::collections::BTreeSet<String> = mock
+        .seen()
+        .iter()
+        .filter(|s| s.body["method"] == "tools/call")
+        .filter_map(|s| s.headers.get("mcp-session-id"))
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert_eq!(sessions.len(), 2, "{sessions:?}");
+    assert_eq!(idp.asked.lock().unwrap().len(), 2);
     gw.stop().await;
 }
