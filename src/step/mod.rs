@@ -11,8 +11,10 @@
 //!    aggregated endpoint) — a `tools/call` it denies is refused (403), a `tools/list` is
 //!    filtered — then the `[[auth.tool_limits]]` buckets of the called tool (429);
 //! 4. `max_concurrent` (503 + `Retry-After`), held until the backend's answer head is in;
-//! 5. the circuit breaker (503 while open);
-//! 6. the shared cache, for cacheable requests;
+//! 5. the circuit breaker (503 while open), then, for a backend with `token_exchange`, the
+//!    caller's token exchanged for one for the backend (403 refused, 502 failed; RFC 8693);
+//! 6. the shared cache, for cacheable requests (not for such a backend: its answers are the
+//!    caller's own);
 //! 7. forward (modern backends, pass-through or message path) or bridge (initialize-era
 //!    backends), with the one retry loop ([`with_retry`]).
 //!
@@ -120,7 +122,7 @@ pub async fn step(
 }
 
 /// `[backends.token_exchange]`: the caller's token exchanged for one for `backend`, kept in
-/// the context for the request about to go out ([`team_headers`]).
+/// the context for the request about to go out ([`credentials`]).
 async fn exchange_token(
     core: &Core,
     ctx: &mut RequestCtx,
@@ -438,7 +440,7 @@ async fn call_backend(
 ) -> Result<Reply, GatewayError> {
     let verdict = bridge::ensure_verdict(backend).await?;
     if verdict == Verdict::Legacy {
-        let team = team_headers(ctx, backend);
+        let team = credentials(ctx, backend);
         let owner = match owner {
             Some(o) => o.clone(),
             None => owner_of(ctx, req.headers, env),
@@ -518,7 +520,7 @@ async fn forward(
             .filter(|(name, _)| !req.headers.contains_key(name))
             .cloned(),
     );
-    extra.extend_from_slice(&team_headers(ctx, backend));
+    extra.extend_from_slice(&credentials(ctx, backend));
     let sent = match &ctx.trace {
         None => {
             with_retry(backend, &env.method, || {
@@ -620,10 +622,7 @@ pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
 
 /// The upstream credentials of the caller: its team's, if the backend configures any, and
 /// the token exchanged for it (`[backends.token_exchange]`), which wins over them.
-fn team_headers<'a>(
-    ctx: &RequestCtx,
-    backend: &'a Backend,
-) -> Cow<'a, [(HeaderName, HeaderValue)]> {
+fn credentials<'a>(ctx: &RequestCtx, backend: &'a Backend) -> Cow<'a, [(HeaderName, HeaderValue)]> {
     let team = ctx
         .principal
         .as_deref()

@@ -73,7 +73,7 @@ pub(super) async fn pass_through(
         ));
     };
     ctx.passthrough = true;
-    let team = team_headers(ctx, backend);
+    let team = credentials(ctx, backend);
     let sent = StdInstant::now();
     let exchanged = match &ctx.trace {
         None => {
