@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::common::mock::MockMcp;
 use crate::common::{Gateway, mcp_with, send};
@@ -36,28 +36,51 @@ struct Idp {
 }
 
 impl Idp {
+    /// Serves on loopback over plain HTTP; its token URL.
     async fn start(&self) -> String {
+        self.serve(None).await
+    }
+
+    /// Serves over `tls` (as `localhost`, for the certificate's name), or plain HTTP.
+    async fn serve(&self, tls: Option<tokio_rustls::TlsAcceptor>) -> String {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/oauth/token", l.local_addr().unwrap());
+        let port = l.local_addr().unwrap().port();
+        let url = match tls {
+            Some(_) => format!("https://localhost:{port}/oauth/token"),
+            None => format!("http://127.0.0.1:{port}/oauth/token"),
+        };
         let idp = self.clone();
         tokio::spawn(async move {
-            while let Ok((mut tcp, _)) = l.accept().await {
-                let idp = idp.clone();
+            while let Ok((tcp, _)) = l.accept().await {
+                let (idp, tls) = (idp.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let Some((head, body)) = read_request(&mut tcp).await else {
-                        return;
-                    };
-                    let (status, doc) = idp.answer(&head, &body);
-                    let resp = format!(
-                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-                         Connection: close\r\n\r\n{doc}",
-                        doc.len()
-                    );
-                    let _ = tcp.write_all(resp.as_bytes()).await;
+                    match tls {
+                        Some(tls) => {
+                            if let Ok(mut stream) = tls.accept(tcp).await {
+                                idp.exchange_on(&mut stream).await;
+                            }
+                        }
+                        None => idp.exchange_on(&mut { tcp }).await,
+                    }
                 });
             }
         });
         url
+    }
+
+    /// One request on `stream`, answered.
+    async fn exchange_on<S: AsyncRead + AsyncWrite + Unpin>(&self, stream: &mut S) {
+        let Some((head, body)) = read_request(stream).await else {
+            return;
+        };
+        let (status, doc) = self.answer(&head, &body);
+        let resp = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{doc}",
+            doc.len()
+        );
+        let _ = stream.write_all(resp.as_bytes()).await;
+        let _ = stream.shutdown().await;
     }
 
     fn answer(&self, head: &str, body: &[u8]) -> (&'static str, String) {
@@ -111,7 +134,7 @@ impl Idp {
 }
 
 /// One HTTP/1.1 request: its head and its `Content-Length` body (bounded: 64 KiB).
-async fn read_request(tcp: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
+async fn read_request<S: AsyncRead + Unpin>(tcp: &mut S) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
@@ -148,13 +171,24 @@ async fn read_request(tcp: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8
 /// A JWT gateway over the test keys with backend `m` (`protocol`) exchanging its callers'
 /// tokens at `token_url` (audience `m-api`, client `portico` by HTTP Basic).
 async fn gateway(keys: &Keys, token_url: &str, mock_url: &str, protocol: &str) -> Gateway {
+    gateway_with(keys, token_url, mock_url, protocol, "").await
+}
+
+/// [`gateway`] with `extra` lines in `[backends.token_exchange]`.
+async fn gateway_with(
+    keys: &Keys,
+    token_url: &str,
+    mock_url: &str,
+    protocol: &str,
+    extra: &str,
+) -> Gateway {
     let jwks = crate::common::secret_file("tx-jwks", &keys.jwks().to_string());
     let secret = crate::common::secret_file("tx-secret", "s3cret:x\n");
     Gateway::start(&format!(
         "[metrics]\n[auth]\nmode = \"jwt\"\n[auth.jwt]\njwks_file = \"{}\"\n\
          [[backends]]\nname = \"m\"\nurl = \"{mock_url}\"\nprotocol = \"{protocol}\"\n\
          [backends.token_exchange]\ntoken_url = \"{token_url}\"\nclient_id = \"portico\"\n\
-         client_secret_file = \"{}\"\naudience = \"m-api\"\nscope = \"tools:call\"\n",
+         client_secret_file = \"{}\"\naudience = \"m-api\"\nscope = \"tools:call\"\n{extra}\n",
         jwks.display(),
         secret.display(),
     ))
@@ -373,4 +407,37 @@ async fn an_initialize_era_backend_gets_each_callers_token_on_its_own_session() 
     assert_eq!(sessions.len(), 2, "{sessions:?}");
     assert_eq!(idp.asked.lock().unwrap().len(), 2);
     gw.stop().await;
+}
+
+/// A token endpoint over HTTPS with a private CA: trusted with `ca_file`, and not without it
+/// (then the exchange fails: 502, the backend not asked).
+#[tokio::test]
+async fn an_https_token_endpoint_is_trusted_through_its_ca_file_only() {
+    let dir = std::env::temp_dir().join(format!("portico-tx-pki-{}-{}", std::process::id(), now()));
+    let (ca, cert, key) = crate::tls::private_ca(&dir);
+    let tls = portico::server::tls_acceptor(&portico::config::ServerConfig {
+        tls_cert: Some(cert),
+        tls_key: Some(key),
+        ..Default::default()
+    })
+    .unwrap()
+    .unwrap();
+    let keys = Keys::new();
+    let idp = Idp::default();
+    let token_url = idp.serve(Some(tls)).await;
+    let mock = MockMcp::modern().start().await;
+    let alice = keys.es(&json!({"sub": "alice", "exp": now() + 300}));
+    let ca_line = format!("ca_file = {:?}", ca.display().to_string());
+    let gw = gateway_with(&keys, &token_url, &mock.url(), "modern", &ca_line).await;
+    let r = ask(&gw.url("/mcp/m"), &alice, "tools/call").await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(authorizations(&mock, "tools/"), ["Bearer tx-alice-m-api-1"]);
+    gw.stop().await;
+
+    let gw = gateway(&keys, &token_url, &mock.url(), "modern").await;
+    let r = ask(&gw.url("/mcp/m"), &alice, "tools/call").await;
+    assert_eq!(r.status, 502, "an unknown CA is not trusted: {:?}", r.body);
+    assert_eq!(mock.count("tools/call"), 1, "the backend was not asked");
+    gw.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
