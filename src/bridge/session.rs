@@ -354,8 +354,10 @@ async fn delete_upstream(
 }
 
 /// Ends `owner`'s upstream session on `b` (its client ended its own session): the one this
-/// replica holds, and the one sealed in the client's id if another replica opened it.
-pub async fn close_owner(b: &Arc<Backend>, owner: &Owner) {
+/// replica holds, and the one sealed in the client's id if another replica opened it — that
+/// one with `credentials`, the owner's upstream credentials as its client's `DELETE` has them
+/// (the replica that opened it kept its own).
+pub async fn close_owner(b: &Arc<Backend>, owner: &Owner, credentials: &[Team]) {
     let key = slot_key(b, owner);
     let mut closed = None;
     if key != OWN
@@ -368,8 +370,7 @@ pub async fn close_owner(b: &Arc<Backend>, owner: &Owner) {
         && let (Ok(id), Ok(v)) = (HeaderValue::from_str(id), HeaderValue::from_str(v))
         && closed.as_ref() != Some(&id)
     {
-        // Opened on another replica: its credentials are not known here (best effort).
-        delete_upstream(b, Some(&id), &v, &[]).await;
+        delete_upstream(b, Some(&id), &v, credentials).await;
     }
 }
 

@@ -542,11 +542,13 @@ pub async fn delete(
     let owner = owner_of(sid, &session);
     // Its subscriptions end with it (their upstream streams close).
     core.clients.remove(&owner.key);
-    futures_util::future::join_all(
-        backends(route)
-            .iter()
-            .map(|b| bridge::close_owner(b, &owner)),
-    )
+    futures_util::future::join_all(backends(route).iter().map(|b| {
+        let owner = &owner;
+        async move {
+            let credentials = crate::step::credentials_outside(core, ctx, b, headers).await;
+            bridge::close_owner(b, owner, &credentials).await;
+        }
+    }))
     .await;
     let mut resp = Response::new(Body::Empty);
     *resp.status_mut() = StatusCode::OK;

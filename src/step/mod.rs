@@ -121,6 +121,27 @@ pub async fn step(
     answer
 }
 
+/// The caller's upstream credentials on `backend` outside a request to it (a legacy client's
+/// `DELETE` closing its upstream sessions): its team's headers and, where the backend
+/// exchanges tokens, the token exchanged for it — or none when the exchange fails (closing is
+/// best effort).
+pub async fn credentials_outside(
+    core: &Core,
+    ctx: &RequestCtx,
+    backend: &Backend,
+    headers: &HeaderMap,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut ctx = ctx.clone();
+    if core.auth.exchanges_for(&backend.name) {
+        let exchanged = core.auth.exchanged(&core.metrics, &backend.name, headers);
+        let timeout = std::time::Duration::from_millis(backend.cfg.timeout_ms);
+        if let Ok(Ok(Some(a))) = tokio::time::timeout(timeout, exchanged).await {
+            ctx.exchanged = Some(Box::new((backend.name.clone(), a)));
+        }
+    }
+    credentials(&ctx, backend).into_owned()
+}
+
 /// `[backends.token_exchange]`: the caller's token exchanged for one for `backend`, kept in
 /// the context for the request about to go out ([`credentials`]).
 async fn exchange_token(

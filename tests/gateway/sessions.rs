@@ -842,6 +842,59 @@ async fn delete_ends_a_legacy_session_on_every_replica() {
     }
 }
 
+/// A legacy client's `DELETE` landing on a replica that did not open its upstream session
+/// (sealed in its id) closes it upstream with the owner's credentials — its team's
+/// `team_headers` — as the opening replica would (a server that authenticates every request
+/// would refuse a bare `DELETE`, and keep the session).
+#[tokio::test]
+async fn a_delete_on_another_replica_closes_the_upstream_session_with_its_credentials() {
+    let mock = MockMcp::legacy().start().await;
+    let cfg = format!(
+        "[log]\naccess = false\n[sessions]\nkey = \"shared-replica-key\"\n{}{}",
+        auth().replace(
+            "principal = \"alice\"\n",
+            "principal = \"alice\"\nteam = \"blue\"\n"
+        ),
+        http_backend(
+            &mock.url(),
+            "protocol = \"legacy\"\nteam_headers = { blue = { Authorization = \"Bearer upstream-blue\" } }"
+        )
+    );
+    let a = Gateway::start(&cfg).await;
+    let b = Gateway::start(&cfg).await;
+    let on_a = Old::connect(&a.url("/mcp/b"), Some(ALICE), "{}").await;
+    assert_eq!(
+        text(&on_a.tool(json!(1), "echo", json!({"text":"x"})).await),
+        "x"
+    );
+    let bearer = format!("Bearer {ALICE}");
+    let r = send(
+        "DELETE",
+        &b.url("/mcp/b"),
+        &[
+            ("mcp-session-id", on_a.sid.as_str()),
+            ("authorization", &bearer),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let deletes: Vec<_> = mock
+        .seen()
+        .into_iter()
+        .filter(|s| s.method == http::Method::DELETE)
+        .collect();
+    assert_eq!(
+        deletes.len(),
+        1,
+        "closed upstream by the replica that got the DELETE"
+    );
+    assert_eq!(deletes[0].headers["authorization"], "Bearer upstream-blue");
+    assert_eq!(*mock.state.deleted.lock().unwrap(), ["sess-1"]);
+    a.stop().await;
+    b.stop().await;
+}
+
 /// Every URL's `-32022` lists exactly the versions its `server/discover` advertises.
 #[tokio::test]
 async fn unsupported_version_lists_what_discover_advertises() {
