@@ -70,7 +70,14 @@ pub struct Exchanger {
     client_auth: Option<HeaderValue>,
     tls: Option<tokio_rustls::TlsConnector>,
     tokens: moka::future::Cache<[u8; 32], Arc<Exchanged>>,
+    /// When a failure was last logged (ms since `epoch`): an IdP outage fails every request,
+    /// and the log says so once per [`WARN_EVERY`], not once per request.
+    warned_at: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
 }
+
+/// How often an ongoing failure of the IdP is logged.
+pub const WARN_EVERY: Duration = Duration::from_secs(10);
 
 impl Exchanger {
     /// Reads the client secret and sets up TLS; `backend` names errors.
@@ -110,7 +117,22 @@ impl Exchanger {
                 .max_capacity(MAX_TOKENS)
                 .expire_after(TokenTtl)
                 .build(),
+            warned_at: std::sync::atomic::AtomicU64::new(0),
+            epoch: Instant::now(),
         })
+    }
+
+    /// Whether a failure now should be logged (the first, then one per [`WARN_EVERY`]).
+    pub fn should_warn(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        // +1: the first failure, at 0 ms, is logged too.
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        let last = self.warned_at.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_millis() as u64)
+            && self
+                .warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// After a reload: the tokens the previous generation's exchanger `old` holds, when it
@@ -327,6 +349,15 @@ mod tests {
         let mut changed = Exchanger::new("b", &other).unwrap();
         changed.keep_from(&old);
         assert!(changed.tokens.get(&[1; 32]).await.is_none());
+    }
+
+    #[test]
+    fn an_outage_is_logged_once_per_interval() {
+        let cfg: TokenExchangeConfig =
+            toml::from_str("token_url = 'http://127.0.0.1:1/token'\n").unwrap();
+        let ex = Exchanger::new("b", &cfg).unwrap();
+        assert!(ex.should_warn(), "the first failure");
+        assert!(!ex.should_warn() && !ex.should_warn(), "not the next ones");
     }
 
     #[test]

@@ -286,7 +286,9 @@ impl Auth {
             }
             Err(exchange::ExchangeError::Failed(why)) => {
                 metrics.token_exchange(backend, "failed");
-                tracing::warn!(backend, error = %why, "token exchange failed");
+                if exchanger.should_warn() {
+                    tracing::warn!(backend, error = %why, "token exchange failed (logged at most every 10 s; portico_token_exchanges_total counts each)");
+                }
                 Err(fail(
                     format!("the identity provider could not be asked: {why}"),
                     false,
