@@ -265,15 +265,7 @@ async fn jwks_url_is_fetched_and_refreshed() {
 /// no key is loaded.
 #[tokio::test]
 async fn jwks_url_over_https_with_a_private_ca() {
-    let dir = std::env::temp_dir().join(format!("portico-pki-{}-{}", std::process::id(), now()));
-    let (ca, cert, key) = crate::tls::private_ca(&dir);
-    let tls = portico::server::tls_acceptor(&portico::config::ServerConfig {
-        tls_cert: Some(cert),
-        tls_key: Some(key),
-        ..Default::default()
-    })
-    .unwrap()
-    .unwrap();
+    let (_dir, ca, tls) = crate::tls::private_ca_acceptor("pki");
     let keys = Keys::new();
     let doc = keys.jwks().to_string();
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -19,6 +19,24 @@ fn openssl(args: &[&str]) {
     );
 }
 
+/// [`private_ca`] in a fresh directory named by `tag`, with a TLS acceptor for its server
+/// certificate (an HTTPS side server of a test: a JWKS, a token endpoint). Returns the
+/// directory, the CA certificate and the acceptor.
+pub fn private_ca_acceptor(tag: &str) -> (PathBuf, PathBuf, tokio_rustls::TlsAcceptor) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("portico-{tag}-{}-{n}", std::process::id()));
+    let (ca, cert, key) = private_ca(&dir);
+    let tls = portico::server::tls_acceptor(&portico::config::ServerConfig {
+        tls_cert: Some(cert),
+        tls_key: Some(key),
+        ..Default::default()
+    })
+    .unwrap()
+    .unwrap();
+    (dir, ca, tls)
+}
+
 /// A throwaway private CA and a server certificate it signed for localhost / 127.0.0.1, made
 /// with `openssl`. Returns (CA cert, server cert, server key).
 pub fn private_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {

@@ -413,15 +413,7 @@ async fn an_initialize_era_backend_gets_each_callers_token_on_its_own_session() 
 /// (then the exchange fails: 502, the backend not asked).
 #[tokio::test]
 async fn an_https_token_endpoint_is_trusted_through_its_ca_file_only() {
-    let dir = std::env::temp_dir().join(format!("portico-tx-pki-{}-{}", std::process::id(), now()));
-    let (ca, cert, key) = crate::tls::private_ca(&dir);
-    let tls = portico::server::tls_acceptor(&portico::config::ServerConfig {
-        tls_cert: Some(cert),
-        tls_key: Some(key),
-        ..Default::default()
-    })
-    .unwrap()
-    .unwrap();
+    let (dir, ca, tls) = crate::tls::private_ca_acceptor("tx-pki");
     let keys = Keys::new();
     let idp = Idp::default();
     let token_url = idp.serve(Some(tls)).await;
