@@ -116,17 +116,9 @@ pub fn answer(reply: Reply, call: Call) -> Reply {
 }
 
 fn shaped(reply: Reply, shape: Shape, method: String) -> Reply {
-    let messages = match reply.messages {
-        MessageStream::Empty => MessageStream::Empty,
-        MessageStream::One(m) => MessageStream::One(shape(&m, &method)),
-        MessageStream::Many(s) => {
-            MessageStream::Many(s.map(move |m| m.map(|m| shape(&m, &method))).boxed())
-        }
-    };
     Reply {
-        status: reply.status,
         headers: HeaderMap::new(),
-        messages,
+        ..reply.map_messages(move |m| shape(&m, &method))
     }
 }
 

@@ -368,19 +368,11 @@ async fn forward(
         backend: replica.to_string(),
         detail: format!("forwarding a message to the replica holding its HTTP+SSE session: {why}"),
     };
-    let cfg: crate::config::BackendConfig =
-        serde_json::from_value(serde_json::json!({"name": "sse-forward", "url": url}))
-            .map_err(|e| unreachable(e.to_string()))?;
-    let peer = crate::upstream::http::HttpUpstream::new(&cfg, &url).map_err(unreachable)?;
-    let mut extra = vec![(
-        http::HeaderName::from_static(FORWARDED),
-        HeaderValue::from_static("1"),
-    )];
-    for name in [header::AUTHORIZATION, header::CONTENT_TYPE] {
-        if let Some(v) = parts.headers.get(&name) {
-            extra.push((name, v.clone()));
-        }
-    }
+    let peer = crate::bridge::replica_peer(&url).map_err(unreachable)?;
+    let extra = crate::bridge::forwarded_headers(
+        &parts.headers,
+        &[header::AUTHORIZATION, header::CONTENT_TYPE],
+    );
     tracing::debug!(
         replica,
         "HTTP+SSE transport: message forwarded to the session's replica"

@@ -530,6 +530,34 @@ pub struct Elsewhere(pub String);
 /// Marks a retry one replica forwarded to another: it is never forwarded again.
 pub const FORWARDED: &str = "portico-forwarded";
 
+/// The headers of a request forwarded to another replica: [`FORWARDED`], then the client's
+/// own `copy` headers it has (its credential, session, …) — the other replica authenticates
+/// it again. A parked call's retry, an HTTP+SSE message, a stream's resume.
+pub fn forwarded_headers(
+    client: &HeaderMap,
+    copy: &[HeaderName],
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = vec![(
+        HeaderName::from_static(FORWARDED),
+        HeaderValue::from_static("1"),
+    )];
+    for name in copy {
+        if let Some(v) = client.get(name) {
+            out.push((name.clone(), v.clone()));
+        }
+    }
+    out
+}
+
+/// A client for another replica at `url` (its `advertise_url` and a path), with the default
+/// backend settings (timeouts, webpki roots).
+pub fn replica_peer(url: &str) -> Result<crate::upstream::http::HttpUpstream, String> {
+    let cfg: crate::config::BackendConfig =
+        serde_json::from_value(serde_json::json!({"name": "replica", "url": url}))
+            .map_err(|e| e.to_string())?;
+    crate::upstream::http::HttpUpstream::new(&cfg, url)
+}
+
 /// Forwards a retry to the replica holding its call (`[sessions] advertise_url`, sealed in the
 /// state, so only this deployment names where it goes) at that replica's `/mcp/<backend>`, with
 /// the client's own credential — the owner authenticates it again and checks the state against
@@ -561,13 +589,7 @@ pub(super) async fn forward(
     cfg.max_idle_connections = 1;
     let peer = crate::upstream::http::HttpUpstream::new(&cfg, &url)
         .map_err(|e| elsewhere(&format!("it cannot be reached ({e})")))?;
-    let mut extra = vec![(
-        HeaderName::from_static(FORWARDED),
-        HeaderValue::from_static("1"),
-    )];
-    if let Some(credential) = client_headers.get(http::header::AUTHORIZATION) {
-        extra.push((http::header::AUTHORIZATION, credential.clone()));
-    }
+    let mut extra = forwarded_headers(client_headers, &[http::header::AUTHORIZATION]);
     // The body's own name (on an aggregated endpoint the client's header carries the prefix).
     let name = crate::protocol::encode_header_value(&request_name(method, body));
     if let Ok(v) = HeaderValue::from_str(&name) {

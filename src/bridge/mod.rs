@@ -56,8 +56,8 @@ mod probe;
 mod session;
 mod translate;
 
-pub use input::FORWARDED;
 pub use input::forget as forget_input;
+pub use input::{FORWARDED, forwarded_headers, replica_peer};
 pub use input::{InputSide, answer as answer_input, capability_for, expect as expect_input};
 pub use listen::{LISTEN_LIFETIME, set_client_level, to_client};
 pub use owner::{Group, Owner, digest};

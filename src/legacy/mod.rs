@@ -220,24 +220,16 @@ async fn forward_resume(
         backend: replica.to_string(),
         detail: format!("resuming a stream held by another replica: {why}"),
     };
-    let cfg: crate::config::BackendConfig =
-        serde_json::from_value(json!({"name": "resume-forward", "url": url}))
-            .map_err(|e| unreachable(e.to_string()))?;
-    let peer = crate::upstream::http::HttpUpstream::new(&cfg, &url).map_err(unreachable)?;
-    let mut extra = vec![(
-        http::HeaderName::from_static(bridge::FORWARDED),
-        HeaderValue::from_static("1"),
-    )];
-    for name in [
-        http::header::AUTHORIZATION,
-        h::names::SESSION_ID,
-        h::names::PROTOCOL_VERSION,
-        http::HeaderName::from_static(h::LAST_EVENT_ID),
-    ] {
-        if let Some(v) = headers.get(&name) {
-            extra.push((name, v.clone()));
-        }
-    }
+    let peer = bridge::replica_peer(&url).map_err(unreachable)?;
+    let extra = bridge::forwarded_headers(
+        headers,
+        &[
+            http::header::AUTHORIZATION,
+            h::names::SESSION_ID,
+            h::names::PROTOCOL_VERSION,
+            http::HeaderName::from_static(h::LAST_EVENT_ID),
+        ],
+    );
     let keepalive = std::time::Duration::from_millis(core.config.server.sse_keepalive_ms);
     let idle = route.timeout().max(keepalive * 2);
     let deadline = Instant::now() + FORWARDED_STREAM_MAX;

@@ -105,7 +105,7 @@ pub struct EventId {
     seq: u64,
     /// The replica holding the stream, sealed (`Sessions::stream_tag`); `None` when the
     /// replica that wrote the id had no `advertise_url`.
-    pub replica: Option<String>,
+    pub replica: Option<Arc<str>>,
 }
 
 impl EventId {
@@ -126,7 +126,7 @@ impl EventId {
                 }
                 (
                     &rest[..dot],
-                    Some(std::str::from_utf8(tag).ok()?.to_string()),
+                    Some(Arc::from(std::str::from_utf8(tag).ok()?)),
                 )
             }
             None => (rest, None),
@@ -228,15 +228,15 @@ impl Held {
     }
 
     fn frame(&self, seq: u64, event: &[u8]) -> Bytes {
-        let letter = char::from(self.kind.letter());
-        let tag = self.replica.as_deref().unwrap_or_default();
-        let mut out = BytesMut::with_capacity(event.len() + 48 + tag.len());
-        out.extend_from_slice(format!("id: {letter}{:016x}-{seq}", self.token).as_bytes());
-        if !tag.is_empty() {
-            out.extend_from_slice(b".");
-            out.extend_from_slice(tag.as_bytes());
-        }
-        out.extend_from_slice(b"\n");
+        let id = EventId {
+            kind: self.kind,
+            token: self.token,
+            seq,
+            replica: self.replica.clone(),
+        };
+        let tag = self.replica.as_deref().map_or(0, str::len);
+        let mut out = BytesMut::with_capacity(event.len() + 48 + tag);
+        out.extend_from_slice(format!("id: {id}\n").as_bytes());
         out.extend_from_slice(event);
         out.freeze()
     }
@@ -720,6 +720,21 @@ mod tests {
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How a test holds a stream: an answer of session `owner`, held 30 s, no priming, no
+    /// principal, no replica tag (a test changes what it is about).
+    fn held_by(metrics: &Metrics, owner: OwnerKey) -> Hold<'_> {
+        Hold {
+            metrics,
+            token: token(),
+            owner,
+            principal: None,
+            kind: Kind::Answer,
+            window: Duration::from_secs(30),
+            priming: false,
+            replica: None,
+        }
+    }
+
     fn ev(n: u32) -> Bytes {
         crate::sse::sse_event(format!("{{\"n\":{n}}}").as_bytes())
     }
@@ -733,14 +748,9 @@ mod tests {
         let events = tokio_stream_from(rx);
         hold(
             Hold {
-                metrics: m,
-                token: token(),
-                owner: [7; 32],
-                principal: None,
-                kind: Kind::Answer,
                 window,
                 priming,
-                replica: None,
+                ..held_by(m, [7; 32])
             },
             events,
         )
@@ -807,14 +817,9 @@ mod tests {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let mut held = hold(
             Hold {
-                metrics: &m,
-                token: token(),
-                owner: [9; 32],
-                principal: None,
                 kind: Kind::Get,
-                window: Duration::from_secs(30),
-                priming: false,
                 replica: Some(Arc::from("c2VhbGVk")),
+                ..held_by(&m, [9; 32])
             },
             tokio_stream_from(rx),
         )
@@ -861,16 +866,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn one_session_cannot_use_up_the_room_of_the_others() {
         let m = Metrics::new();
-        let how = |owner: u8| Hold {
-            metrics: &m,
-            token: token(),
-            owner: [owner; 32],
-            principal: None,
-            kind: Kind::Answer,
-            window: Duration::from_secs(30),
-            priming: false,
-            replica: None,
-        };
+        let how = |owner: u8| held_by(&m, [owner; 32]);
         let pending = || futures_util::stream::pending::<Bytes>().boxed();
         let mut kept = Vec::new();
         for _ in 0..MAX_HELD_PER_SESSION {
@@ -898,14 +894,8 @@ mod tests {
             let mut owner = [0; 32];
             owner[..2].copy_from_slice(&session.to_le_bytes());
             Hold {
-                metrics: &m,
-                token: token(),
-                owner,
                 principal: Some([principal; 32]),
-                kind: Kind::Answer,
-                window: Duration::from_secs(30),
-                priming: false,
-                replica: None,
+                ..held_by(&m, owner)
             }
         };
         let pending = || futures_util::stream::pending::<Bytes>().boxed();

@@ -92,7 +92,8 @@ pub async fn step(
                             _ if protocol::is_cacheable_method(&env.method)
                                 && core.auth.exchanges_for(&backend.name) =>
                             {
-                                private_reply(reply)
+                                // The caller's own view (`policy::private_scope`).
+                                reply.map_messages(crate::policy::private_scope)
                             }
                             _ => reply,
                         })
@@ -131,15 +132,15 @@ pub async fn credentials_outside(
     backend: &Backend,
     headers: &HeaderMap,
 ) -> Vec<(HeaderName, HeaderValue)> {
-    let mut ctx = ctx.clone();
+    let mut token = None;
     if core.auth.exchanges_for(&backend.name) {
         let exchanged = core.auth.exchanged(&core.metrics, &backend.name, headers);
         let timeout = std::time::Duration::from_millis(backend.cfg.timeout_ms);
-        if let Ok(Ok(Some(a))) = tokio::time::timeout(timeout, exchanged).await {
-            ctx.exchanged = Some(Box::new((backend.name.clone(), a)));
+        if let Ok(Ok(found)) = tokio::time::timeout(timeout, exchanged).await {
+            token = found;
         }
     }
-    credentials(&ctx, backend).into_owned()
+    with_token(team_credentials(ctx, backend), token.as_ref()).into_owned()
 }
 
 /// `[backends.token_exchange]`: the caller's token exchanged for one for `backend`, kept in
@@ -644,20 +645,36 @@ pub fn mirror_headers(env: &Envelope) -> Vec<(HeaderName, HeaderValue)> {
 /// The upstream credentials of the caller: its team's, if the backend configures any, and
 /// the token exchanged for it (`[backends.token_exchange]`), which wins over them.
 fn credentials<'a>(ctx: &RequestCtx, backend: &'a Backend) -> Cow<'a, [(HeaderName, HeaderValue)]> {
-    let team = ctx
-        .principal
+    let exchanged = ctx
+        .exchanged
+        .as_deref()
+        .filter(|(name, _)| **name == *backend.name)
+        .map(|(_, authorization)| authorization);
+    with_token(team_credentials(ctx, backend), exchanged)
+}
+
+/// The caller's team's `team_headers` on `backend`, if it configures any.
+fn team_credentials<'a>(ctx: &RequestCtx, backend: &'a Backend) -> &'a [(HeaderName, HeaderValue)] {
+    ctx.principal
         .as_deref()
         .and_then(|p| p.team.as_deref())
         .and_then(|t| backend.team_headers.get(t))
         .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    match ctx.exchanged.as_deref() {
-        Some((name, authorization)) if **name == *backend.name => {
+        .unwrap_or(&[])
+}
+
+/// `team` with an exchanged token's `Authorization` after it (so it wins), if there is one.
+fn with_token<'a>(
+    team: &'a [(HeaderName, HeaderValue)],
+    token: Option<&HeaderValue>,
+) -> Cow<'a, [(HeaderName, HeaderValue)]> {
+    match token {
+        Some(authorization) => {
             let mut out = team.to_vec();
             out.push((http::header::AUTHORIZATION, authorization.clone()));
             Cow::Owned(out)
         }
-        _ => Cow::Borrowed(team),
+        None => Cow::Borrowed(team),
     }
 }
 
@@ -666,32 +683,10 @@ fn credentials<'a>(ctx: &RequestCtx, backend: &'a Backend) -> Cow<'a, [(HeaderNa
 /// team's view, whatever the backend said). Only the final response is touched; notifications
 /// about the request go through as they are.
 fn filter_tools_reply(reply: Reply, filter: &ToolFilter, exposure: Exposure<'_>) -> Reply {
-    use futures_util::StreamExt;
     let filter = filter.clone();
     let (prefix, separator) = (exposure.prefix.to_string(), exposure.separator.to_string());
     let keep = move |name: &str| filter.allows(&Exposure::member(&prefix, &separator).name(name));
-    let messages = match reply.messages {
-        MessageStream::One(b) => MessageStream::One(crate::policy::filter_tools(b, &keep)),
-        MessageStream::Many(s) => MessageStream::Many(
-            s.map(move |item| item.map(|b| crate::policy::filter_tools(b, &keep)))
-                .boxed(),
-        ),
-        MessageStream::Empty => MessageStream::Empty,
-    };
-    Reply { messages, ..reply }
-}
-
-/// A result labelled `cacheScope: "private"` where it said `"public"` (`policy::private_scope`).
-fn private_reply(reply: Reply) -> Reply {
-    use futures_util::StreamExt;
-    let messages = match reply.messages {
-        MessageStream::One(b) => MessageStream::One(crate::policy::private_scope(b)),
-        MessageStream::Many(s) => {
-            MessageStream::Many(s.map(|item| item.map(crate::policy::private_scope)).boxed())
-        }
-        MessageStream::Empty => MessageStream::Empty,
-    };
-    Reply { messages, ..reply }
+    reply.map_messages(move |b| crate::policy::filter_tools(b, &keep))
 }
 
 /// Whose upstream session a request uses, and whose calls its cancel may reach: the legacy
@@ -774,16 +769,8 @@ fn until_cancelled(
 /// the ones `-32022` lists (`frontend`): 2026-07-28 for stateless requests, the
 /// initialize-era ones through `initialize` (docs/protocol.md §5; digest §8 item 18).
 fn portico_versions(reply: Reply) -> Reply {
-    let messages = match reply.messages {
-        MessageStream::One(msg) => MessageStream::One(with_portico_versions(msg)),
-        // Streamed (an SSE answer): the response among the messages, as it passes.
-        MessageStream::Many(s) => {
-            use futures_util::StreamExt;
-            MessageStream::Many(s.map(|m| m.map(with_portico_versions)).boxed())
-        }
-        MessageStream::Empty => MessageStream::Empty,
-    };
-    Reply { messages, ..reply }
+    // Streamed (an SSE answer): the response among the messages, as it passes.
+    reply.map_messages(with_portico_versions)
 }
 
 /// One message with portico's `supportedVersions` if it is a result (anything else as is).

@@ -82,6 +82,18 @@ impl Reply {
         }
     }
 
+    /// This reply with each message rewritten by `f` as it passes (a streamed answer's too:
+    /// the response among its notifications), status and headers kept.
+    pub fn map_messages(self, f: impl Fn(Bytes) -> Bytes + Send + 'static) -> Reply {
+        use futures_util::StreamExt;
+        let messages = match self.messages {
+            MessageStream::Empty => MessageStream::Empty,
+            MessageStream::One(m) => MessageStream::One(f(m)),
+            MessageStream::Many(s) => MessageStream::Many(s.map(move |m| m.map(&f)).boxed()),
+        };
+        Reply { messages, ..self }
+    }
+
     /// A notification accepted (202, nothing to say).
     pub fn accepted() -> Reply {
         Reply {
